@@ -1,0 +1,24 @@
+"""Random language-model batches from a token array."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+
+def get_batch(
+    dataset: npt.NDArray, batch_size: int, context_length: int, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample ``batch_size`` windows from a 1-D token array (or ``np.memmap``).
+
+    Returns inputs and next-token targets, both ``(batch_size, context_length)`` int64 on ``device``.
+    """
+    if dataset.ndim != 1:
+        raise ValueError(f"dataset must be a 1-D token array, got shape {dataset.shape}")
+    if len(dataset) <= context_length:
+        raise ValueError(f"dataset of {len(dataset)} tokens is too short for context_length {context_length}")
+    starts = np.random.randint(0, len(dataset) - context_length, size=batch_size)
+    windows = np.stack([np.asarray(dataset[s : s + context_length + 1], dtype=np.int64) for s in starts])
+    batch = torch.from_numpy(windows).to(device)
+    return batch[:, :-1], batch[:, 1:]
