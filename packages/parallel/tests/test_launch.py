@@ -3,7 +3,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-
 from parallel.launch import WorkerError, spawn
 
 
@@ -39,7 +38,7 @@ def test_spawn_sets_rank_environment():
 
 
 def test_worker_exception_carries_traceback():
-    with pytest.raises(WorkerError, match="rank 1 of 2 failed(.|\n)*ValueError: boom from rank one"):
+    with pytest.raises(WorkerError, match=r"(?s)rank 1 of 2 failed.*ValueError: boom from rank one"):
         spawn(_fail_on_rank_one, 2, timeout=60)
 
 

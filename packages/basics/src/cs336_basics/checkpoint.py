@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import BinaryIO, IO
+from typing import IO, BinaryIO
 
 import torch
 

@@ -84,4 +84,5 @@ def get_lr_cosine_schedule(
     if it > cosine_cycle_iters:
         return min_learning_rate
     progress = (it - warmup_iters) / max(1, cosine_cycle_iters - warmup_iters)
-    return min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (max_learning_rate - min_learning_rate)
+    cosine = 0.5 * (1 + math.cos(math.pi * progress))
+    return min_learning_rate + cosine * (max_learning_rate - min_learning_rate)

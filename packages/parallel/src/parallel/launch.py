@@ -100,12 +100,15 @@ def spawn(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     backend = backend or default_backend()
     if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"NCCL with world_size={world_size} needs that many GPUs, found {torch.cuda.device_count()}")
+        found = torch.cuda.device_count()
+        raise ValueError(f"NCCL with world_size={world_size} needs that many GPUs, found {found}")
     ctx = mp.get_context(start_method or ("spawn" if backend == "nccl" else "fork"))
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(fn, r, world_size, backend, port, args, results, timeout), daemon=True)
+        ctx.Process(
+            target=_worker, args=(fn, r, world_size, backend, port, args, results, timeout), daemon=True
+        )
         for r in range(world_size)
     ]
     for p in procs:
@@ -116,13 +119,15 @@ def spawn(
         while len(values) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"{world_size - len(values)} of {world_size} workers did not finish in {timeout:.0f} s")
+                missing = world_size - len(values)
+                raise TimeoutError(f"{missing} of {world_size} workers did not finish in {timeout:.0f} s")
             try:
                 rank, status, value = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
                 if dead:
-                    raise WorkerError(f"worker {dead[0]} died with exit code {procs[dead[0]].exitcode}") from None
+                    code = procs[dead[0]].exitcode
+                    raise WorkerError(f"worker {dead[0]} died with exit code {code}") from None
                 continue
             if status == "error":
                 raise WorkerError(f"rank {rank} of {world_size} failed:\n{value}")
