@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "src"))
 
-from leaderboard.cli import main  # noqa: E402
+from leaderboard.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

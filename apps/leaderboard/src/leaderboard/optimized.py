@@ -1,0 +1,165 @@
+"""The optimized training step, composed from the packages and this app's fused pieces.
+
+Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed order:
+1. attention slot: the fastest kernel measured at the real shape (``flashattn``'s Triton kernel or
+   SDPA cuDNN / flash; ``attention.choose_attention``);
+2. ``torch.compile`` of the RMSNorm, RoPE and SwiGLU modules, one region each, reused by every block
+   (bounded compile time; the attention kernel and the FSDP hooks stay outside the graphs);
+3. activation checkpointing of only as many blocks as memory demands (``recipe.checkpoint_blocks``,
+   or, when -1, counted from one block's measured saved-activation bytes and the free memory);
+4. torch FSDP2 ``fully_shard`` per block and root, BF16 compute, fp32 reduction and master weights;
+   the model is built on meta and materialized sharded;
+5. the LM head + cross-entropy fused (``fused_cross_entropy``): no ``(tokens, vocab)`` logits;
+6. AdamW over the fp32 master shards: this app's Triton kernel or torch's fused one.
+"""
+
+from __future__ import annotations
+
+import torch
+from cs336_basics import BasicsTransformerLM, RotaryEmbedding, TransformerBlock, build_model
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+from .attention import choose_attention
+from .baseline import ChunkedLossLM, hidden_states
+from .fused_adamw import TritonAdamW
+from .fused_cross_entropy import linear_cross_entropy
+from .recipes import Recipe
+from .sharding import checkpoint_forward, materialize, shard_fsdp2
+from .trainer import Trainer
+
+GIB = 2**30
+
+
+class FusedLossLM(nn.Module):
+    """``(tokens, targets) -> mean cross-entropy`` with the LM head fused into the loss."""
+
+    def __init__(self, lm: BasicsTransformerLM, chunk_tokens: int):
+        super().__init__()
+        self.lm, self.chunk_tokens = lm, chunk_tokens
+
+    def forward(self, tokens: Tensor, targets: Tensor) -> Tensor:
+        hidden = hidden_states(self.lm, tokens)
+        return linear_cross_entropy(hidden, self.lm.lm_head.weight, targets, self.chunk_tokens)
+
+
+def compile_block_regions(block: TransformerBlock) -> None:
+    """Compile a block's two norms, its SwiGLU and its RoPE module in place (one graph each, shared)."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    block.ln1.compile()
+    block.ln2.compile()
+    block.ffn.compile()
+    if block.attn.rope is not None:
+        block.attn.rope.compile()
+
+
+def saved_activation_bytes(
+    recipe: Recipe, attention, dtype: torch.dtype, batch: int, device: torch.device
+) -> int:
+    """Bytes one block keeps for backward on a ``(batch, seq, d_model)`` input, measured by the allocator.
+
+    Runs a forward of a separate, unsharded block built like the model's (same attention kernel and
+    compiled regions), so the measurement involves no collective and also warms the compiled code.
+    """
+    cfg = recipe.model_config()
+    rope = RotaryEmbedding(cfg.rope_theta, cfg.d_model // cfg.num_heads, cfg.context_length)
+    block = TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, rope, attention, device, dtype)
+    if recipe.compile_regions:
+        compile_block_regions(block)
+    x = torch.randn(batch, cfg.context_length, cfg.d_model, device=device, dtype=dtype, requires_grad=True)
+    positions = torch.arange(cfg.context_length, device=device)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    out = block(x, positions)
+    torch.cuda.synchronize(device)
+    saved = torch.cuda.memory_allocated(device) - before - out.numel() * out.element_size()
+    del out, x, block
+    return max(saved, 0)
+
+
+def blocks_to_checkpoint(
+    recipe: Recipe, root: nn.Module, attention, batch: int, device: torch.device, dtype: torch.dtype
+) -> tuple[int, dict]:
+    """How many blocks to recompute: the recipe's number, or the fewest that fit the measured memory."""
+    cfg = recipe.model_config()
+    layers = cfg.num_layers
+    if recipe.checkpoint_blocks >= 0:
+        return min(recipe.checkpoint_blocks, layers), {"checkpoint_rule": "fixed by recipe"}
+    if device.type != "cuda":
+        return 0, {"checkpoint_rule": "auto on a CPU: none"}
+    per_block = saved_activation_bytes(recipe, attention, dtype, batch, device)
+    input_bytes = batch * cfg.context_length * cfg.d_model * torch.finfo(dtype).bits // 8
+    shard_bytes = sum(_local(p).numel() * 4 for p in root.parameters())
+    # After the first step each rank holds fp32 params, grads and two AdamW moments: 4x the shards.
+    total = torch.cuda.get_device_properties(device).total_memory
+    free = total - 4 * shard_bytes - recipe.memory_headroom_gib * GIB
+    # Kept blocks cost per_block each; checkpointed ones keep only their input.
+    keep = int((free - layers * input_bytes) // max(per_block - input_bytes, 1))
+    count = min(layers, max(0, layers - keep))
+    return count, {
+        "checkpoint_rule": "auto",
+        "saved_activation_gib_per_block": per_block / GIB,
+        "sharded_state_gib": 4 * shard_bytes / GIB,
+        "device_memory_gib": total / GIB,
+    }
+
+
+def _local(t: Tensor) -> Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def build_optimized(
+    recipe: Recipe, device: torch.device, batch_per_rank: int, compute_dtype: torch.dtype = torch.bfloat16
+) -> Trainer:
+    """The optimized trainer for ``recipe`` on this rank's ``device`` (process group already joined)."""
+    cfg = recipe.model_config()
+    head_dim = cfg.d_model // cfg.num_heads
+    attention, attention_info = choose_attention(
+        recipe.attention, (batch_per_rank, cfg.num_heads, cfg.context_length, head_dim), compute_dtype, device
+    )
+    with torch.device("meta"):
+        lm = build_model(cfg, attention_fn=attention)
+    root: nn.Module = (
+        FusedLossLM(lm, recipe.loss_chunk_tokens)
+        if recipe.fused_loss
+        else ChunkedLossLM(lm, recipe.loss_chunk_tokens)
+    )
+    if recipe.compile_regions:
+        for block in lm.layers:
+            compile_block_regions(block)
+        lm.ln_final.compile()
+    shard_fsdp2(root, list(lm.layers), compute_dtype)
+    materialize(root, device, recipe.seed)
+    checkpointed, checkpoint_info = blocks_to_checkpoint(
+        recipe, root, attention, batch_per_rank, device, compute_dtype
+    )
+    for block in list(lm.layers)[:checkpointed]:
+        checkpoint_forward(block)
+
+    use_triton = recipe.optimizer == "triton" or (recipe.optimizer == "auto" and device.type == "cuda")
+    optimizer_cls = TritonAdamW if use_triton else torch.optim.AdamW
+    extra = {} if use_triton else {"fused": device.type == "cuda"}
+    optimizer = optimizer_cls(
+        root.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay, **extra
+    )
+
+    def forward_backward(tokens: Tensor, targets: Tensor) -> Tensor:
+        loss = root(tokens, targets)
+        loss.backward()
+        return loss.detach()
+
+    def optimizer_step() -> None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    info = {
+        "sharding": "torch FSDP2 (fully_shard per block + root)",
+        **attention_info,
+        "compiled_regions": recipe.compile_regions,
+        "checkpointed_blocks": checkpointed,
+        **checkpoint_info,
+        "loss": "fused LM head + cross-entropy" if recipe.fused_loss else "chunked F.cross_entropy",
+        "optimizer": "Triton AdamW" if use_triton else f"torch.optim.AdamW(fused={extra['fused']})",
+        "compute_dtype": str(compute_dtype),
+    }
+    return Trainer("optimized", root, forward_backward, optimizer_step, info=info)

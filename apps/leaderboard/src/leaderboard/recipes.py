@@ -1,0 +1,112 @@
+"""Named training-step recipes: a model preset plus everything the benchmark needs to run it.
+
+Each recipe is a documented, frozen configuration; the command line overrides it field by field
+(``Recipe.with_``) and the resolved recipe is printed and saved with every result.
+
+Recipes:
+    ``leaderboard-8b``  the 8B model (vocab 151 936, d_model 4096, 34 layers, 32 heads, d_ff 11 008) at
+                        context 32 768, global batch 2: one sequence per GPU on two GPUs.
+    ``large-8k``        the ``large`` preset (d_model 1280, 36 layers) at context 8192, global batch 2:
+                        the local analogue that also fits on one GPU.
+    ``tiny``            a 2-layer model at context 128, global batch 4, for CPUs and tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from cs336_basics import ModelConfig, get_preset
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One benchmark configuration.
+
+    ``checkpoint_blocks`` is how many Transformer blocks the optimized step recomputes in backward:
+    an integer, or -1 for "as few as the measured free memory allows". The baseline always
+    checkpoints every block.
+    """
+
+    name: str
+    preset: str
+    context_length: int
+    batch_size: int  # global: sequences per step over all ranks
+    steps: int = 5
+    warmup: int = 2
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    loss_chunk_tokens: int = 4096  # tokens per chunk of the fused LM head + cross-entropy
+    checkpoint_blocks: int = -1
+    memory_headroom_gib: float = 10.0  # left free when choosing checkpoint_blocks automatically
+    compile_regions: bool = True  # torch.compile RMSNorm, RoPE and SwiGLU, one region each
+    attention: str = "auto"  # "auto" (fastest measured), "flashattn", "cudnn", "flash", "efficient", "math"
+    fused_loss: bool = True  # fused LM head + cross-entropy; False: chunked F.cross_entropy as the baseline
+    optimizer: str = "auto"  # "auto" (Triton on CUDA, torch elsewhere), "triton", "torch"
+    seed: int = 0
+
+    def model_config(self) -> ModelConfig:
+        """The cs336_basics model config at this recipe's context length and batch."""
+        return get_preset(self.preset).with_(context_length=self.context_length, batch_size=self.batch_size)
+
+    def with_(self, **changes) -> Recipe:
+        """A copy with the given fields replaced; unknown fields raise ValueError."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = set(changes) - fields
+        if unknown:
+            raise ValueError(f"unknown recipe fields: {sorted(unknown)}; known: {sorted(fields)}")
+        return dataclasses.replace(self, **changes)
+
+    def validate(self, world_size: int) -> None:
+        """Raise ValueError naming the field that cannot work on ``world_size`` ranks."""
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if self.batch_size < world_size or self.batch_size % world_size:
+            raise ValueError(
+                f"batch_size={self.batch_size} must be a positive multiple of the number of ranks "
+                f"({world_size})"
+            )
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        if self.loss_chunk_tokens < 1:
+            raise ValueError(f"loss_chunk_tokens must be >= 1, got {self.loss_chunk_tokens}")
+        if self.optimizer not in OPTIMIZER_CHOICES:
+            raise ValueError(f"optimizer must be one of {OPTIMIZER_CHOICES}, got {self.optimizer!r}")
+        if self.attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+ATTENTION_CHOICES = ("auto", "flashattn", "cudnn", "flash", "efficient", "math")
+OPTIMIZER_CHOICES = ("auto", "triton", "torch")
+
+RECIPES: dict[str, Recipe] = {
+    "leaderboard-8b": Recipe(
+        "leaderboard-8b", "leaderboard-8b", context_length=32_768, batch_size=2, steps=4
+    ),
+    "large-8k": Recipe("large-8k", "large", context_length=8192, batch_size=2, steps=5),
+    "tiny": Recipe(
+        "tiny",
+        "tiny",
+        context_length=128,
+        batch_size=4,
+        steps=5,
+        warmup=1,
+        loss_chunk_tokens=97,
+        memory_headroom_gib=0.0,
+        compile_regions=False,
+    ),
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}") from None

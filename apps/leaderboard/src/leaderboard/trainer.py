@@ -1,0 +1,39 @@
+"""What every training step offers the benchmark loop and the equivalence check.
+
+A ``Trainer`` holds a sharded model and its optimizer. ``forward_backward(tokens, targets)`` returns
+the local mean loss (gradients reduced across ranks when it returns); ``optimizer_step()`` updates
+the weights and clears the gradients. ``prefix`` is what the trainer's module names put in front of
+the reference model's parameter names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class Trainer:
+    name: str
+    root: nn.Module
+    forward_backward: Callable[[Tensor, Tensor], Tensor]
+    optimizer_step: Callable[[], None]
+    prefix: str = "lm."
+    info: dict = field(default_factory=dict)
+
+    def step(self, tokens: Tensor, targets: Tensor) -> Tensor:
+        loss = self.forward_backward(tokens, targets)
+        self.optimizer_step()
+        return loss
+
+
+def random_batch(
+    vocab_size: int, batch: int, seq: int, seed: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Token ids and next-token targets ``(batch, seq)``, uniform over the vocabulary, fixed by ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (batch, seq + 1), generator=generator)
+    return ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)

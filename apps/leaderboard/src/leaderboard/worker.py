@@ -1,0 +1,131 @@
+"""One rank of the benchmark: build a trainer, run warm-up and measured steps, report from rank 0.
+
+Each step is timed between device synchronizations on every rank; its time is the slowest rank's.
+Rank 0 prints one line per step and returns the summary; every rank returns it (so ``spawn`` and
+``torchrun`` callers see the same thing).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+import torch.distributed as dist
+
+from .attention import choose_attention
+from .baseline import build_baseline
+from .metrics import StepRecord, format_step, median_seconds, peak_memory_gib, throughput
+from .optimized import build_optimized
+from .recipes import Recipe
+from .trainer import Trainer, random_batch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _max_over_ranks(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    t = value.detach().double().reshape(1)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def build_trainer(recipe: Recipe, baseline: bool, device: torch.device, batch_per_rank: int) -> Trainer:
+    cfg = recipe.model_config()
+    if baseline:
+        shape = (batch_per_rank, cfg.num_heads, cfg.context_length, cfg.d_model // cfg.num_heads)
+        attention, info = choose_attention(
+            "auto", shape, torch.bfloat16, device, candidates=("cudnn", "flash")
+        )
+        trainer = build_baseline(recipe, device, attention)
+        trainer.info.update(info)
+        return trainer
+    return build_optimized(recipe, device, batch_per_rank)
+
+
+def local_batch(recipe: Recipe, rank: int, world_size: int, device: torch.device):
+    """This rank's rows of the global batch (the same global batch on any number of ranks)."""
+    cfg = recipe.model_config()
+    tokens, targets = random_batch(cfg.vocab_size, recipe.batch_size, cfg.context_length, recipe.seed, "cpu")
+    per_rank = recipe.batch_size // world_size
+    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    return tokens[rows].to(device), targets[rows].to(device)
+
+
+def run_benchmark(
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    recipe: Recipe,
+    baseline: bool,
+    launch_time: float,
+    log=print,
+) -> dict:
+    """Build, warm up and time ``recipe``; returns the summary (steps, median, memory, start-up)."""
+    recipe.validate(world_size)
+    say = log if rank == 0 else (lambda *_: None)
+    cfg = recipe.model_config()
+    per_rank = recipe.batch_size // world_size
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    setup_start = time.time()
+    say(
+        f"building the {'baseline' if baseline else 'optimized'} step of {recipe.name} on {world_size} "
+        f"rank(s) ({device.type}) ..."
+    )
+    trainer = build_trainer(recipe, baseline, device, per_rank)
+    synchronize(device)
+    setup_seconds = time.time() - setup_start
+    say(f"built in {setup_seconds:.1f} s: {trainer.info}")
+    tokens, targets = local_batch(recipe, rank, world_size, device)
+
+    records: list[StepRecord] = []
+    total = recipe.warmup + recipe.steps
+    for step in range(1, total + 1):
+        dist.barrier()
+        synchronize(device)
+        start = time.perf_counter()
+        loss = trainer.step(tokens, targets)
+        synchronize(device)
+        seconds = _max_over_ranks(time.perf_counter() - start, device)
+        peak = peak_memory_gib(device)
+        peak = _max_over_ranks(peak, device) if peak is not None else None
+        record = StepRecord(step, seconds, _mean_over_ranks(loss), peak, warmup=step <= recipe.warmup)
+        records.append(record)
+        say(format_step(record, total, throughput(cfg, per_rank, world_size, seconds, device)))
+        if step == 1:
+            first_step_done = time.time()
+
+    median = median_seconds(records)
+    rates = throughput(cfg, per_rank, world_size, median, device)
+    summary = {
+        "trainer": trainer.name,
+        "info": trainer.info,
+        "recipe": recipe.as_dict(),
+        "model": cfg.model_kwargs() | {"parameters": cfg.parameter_count},
+        "world_size": world_size,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "steps": [r.as_dict() for r in records],
+        "median_step_seconds": median,
+        **{f"median_{k}": v for k, v in rates.items()},
+        "peak_memory_gib_per_gpu": max((r.peak_memory_gib or 0.0) for r in records)
+        if device.type == "cuda"
+        else None,
+        "setup_seconds": setup_seconds,
+        "first_step_seconds": records[0].seconds,
+        "launch_to_first_step_end_seconds": first_step_done - launch_time,
+        "launch_to_end_seconds": time.time() - launch_time,
+    }
+    del trainer
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return summary
