@@ -1,0 +1,90 @@
+"""Runs the Triton kernels under TRITON_INTERPRET=1 on the CPU and prints their errors as JSON.
+
+Executed in a subprocess by ``test_triton_interpret.py``: the interpreter must be switched on before any Triton
+kernel is defined, which a pytest process that already imported ``flashattn`` cannot do.
+"""
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton.runtime.interpreter as interpreter  # noqa: E402
+
+
+def _numpy_24_index_shim() -> None:
+    """Triton 3.6's interpreter turns 1-element arrays into loop bounds with ``int(array)``, which numpy >= 2.4
+    refuses (triton-lang/triton#9171, fixed upstream after 3.6). Re-bind ``__index__`` the upstream way."""
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patched
+
+
+_numpy_24_index_shim()
+
+from flashattn.plain import reference  # noqa: E402
+from flashattn.triton_flash import FlashAttention2Triton, KernelConfigs, TileConfig, pinned_configs  # noqa: E402
+
+# Small tiles so that seq 17..130 spans several query and key tiles, the diagonal and ragged tails;
+# forward and dQ use 16 x 32 and dK/dV 32 x 16 so that unequal tile sides are exercised too.
+PINNED = KernelConfigs(TileConfig(16, 32, 4, 1), TileConfig(16, 32, 4, 1), TileConfig(32, 16, 4, 1))
+
+# (name, leading dims, seq_q, seq_k, head_dim, causal, dtype)
+CASES = [
+    ("single", (), 1, 1, 16, True, torch.float32),
+    ("seq17_causal", (2,), 17, 17, 16, True, torch.float32),
+    ("seq100_noncausal", (1, 2), 100, 100, 32, False, torch.float32),
+    ("q37_k130_causal", (2,), 37, 130, 16, True, torch.float32),
+    ("q130_k37_noncausal", (), 130, 37, 16, False, torch.float32),
+    ("seq97_d64_causal", (), 97, 97, 64, True, torch.float32),
+    ("seq50_fp16_causal", (2,), 50, 50, 16, True, torch.float16),
+    ("strided_q40_k70", (2, 3), 40, 70, 16, True, torch.float32),
+]
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def _run(lead, seq_q, seq_k, head_dim, causal, dtype, strided) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(seq_q * 1000 + seq_k)
+    q64, k64, v64 = (
+        torch.randn(*lead, s, head_dim, generator=gen, dtype=torch.float64) for s in (seq_q, seq_k, seq_k)
+    )
+    do64 = torch.randn(*lead, seq_q, head_dim, generator=gen, dtype=torch.float64)
+    ref_in = [t.clone().requires_grad_() for t in (q64, k64, v64)]
+    o_ref, lse_ref = reference(*ref_in, is_causal=causal)
+    o_ref.backward(do64)
+    if strided:  # (..., seq, heads-like, d) storage read through a transposed view
+        ours = [t.to(dtype).transpose(-2, -3).contiguous().transpose(-2, -3).requires_grad_() for t in (q64, k64, v64)]
+    else:
+        ours = [t.to(dtype).requires_grad_() for t in (q64, k64, v64)]
+    with pinned_configs(PINNED):
+        o = FlashAttention2Triton.apply(*ours, causal)
+        saved = o.grad_fn.saved_tensors
+        lse = saved[0]
+        o.backward(do64.to(dtype))
+    errors = {"o": _rel_err(o, o_ref), "lse": _rel_err(lse, lse_ref)}
+    for name, ours_t, ref_t in zip(("dq", "dk", "dv"), ours, ref_in, strict=True):
+        errors[name] = _rel_err(ours_t.grad, ref_t.grad)
+    known = {t.data_ptr() for t in (*ours, o)}
+    new_saved = [t for t in saved if t.data_ptr() not in known]
+    errors["only_lse_new"] = float(len(new_saved) == 1 and tuple(lse.shape) == tuple(q64.shape[:-1]))
+    return errors
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    results = {name: _run(lead, sq, sk, d, causal, dtype, name.startswith("strided"))
+               for name, lead, sq, sk, d, causal, dtype in CASES}
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
