@@ -47,10 +47,11 @@ def reference_step(recipe: Recipe, device: torch.device, tokens: Tensor, targets
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     loss = cross_entropy(model(tokens), targets)
     loss.backward()
+    loss = loss.detach()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay).step()
     after = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return before, float(loss), grads, after
+    return before, loss.item(), grads, after
 
 
 def _measure(

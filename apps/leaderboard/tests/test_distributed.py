@@ -1,0 +1,45 @@
+"""The benchmark and the equivalence check on 2 gloo ranks (the CPU path of ``train.py``)."""
+
+import pytest
+
+from leaderboard.check import run_check
+from leaderboard.recipes import get_recipe
+from leaderboard.worker import run_benchmark
+from parallel.launch import spawn
+
+
+def _check(rank, world_size):
+    import torch
+
+    return run_check(rank, world_size, torch.device("cpu"), get_recipe("tiny").with_(context_length=97))
+
+
+def _bench(rank, world_size, baseline, overrides):
+    import time
+
+    import torch
+
+    recipe = get_recipe("tiny").with_(steps=2, warmup=1, **overrides)
+    return run_benchmark(rank, world_size, torch.device("cpu"), recipe, baseline, time.time(), log=lambda *_: None)
+
+
+@pytest.mark.timeout(300)
+def test_check_passes_against_the_reference():
+    results = spawn(_check, 2, timeout=240)
+    assert results[0]["passed"], results[0]["table"]
+    assert results[0]["rows"] == results[1]["rows"]
+    trainers = {row["trainer"] for row in results[0]["rows"]}
+    assert trainers == {"optimized fp32", "optimized bf16", "baseline bf16"}
+
+
+@pytest.mark.timeout(300)
+def test_baseline_and_optimized_start_from_the_same_loss():
+    """Both trainers initialize the same sharded weights from the seed, so their first losses agree."""
+    base = spawn(_bench, 2, True, {}, timeout=240)[0]
+    opt = spawn(_bench, 2, False, {"checkpoint_blocks": 1, "fused_loss": True}, timeout=240)[0]
+    assert len(base["steps"]) == len(opt["steps"]) == 3
+    first_base, first_opt = base["steps"][0]["loss"], opt["steps"][0]["loss"]
+    assert abs(first_base - first_opt) < 1e-2 * first_base
+    assert opt["steps"][-1]["loss"] < opt["steps"][0]["loss"]  # AdamW steps on a fixed batch lower the loss
+    assert opt["median_step_seconds"] > 0 and opt["info"]["checkpointed_blocks"] == 1
+    assert base["info"]["checkpointed_blocks"] == 2

@@ -1,0 +1,82 @@
+"""The fused LM head + cross-entropy against float64 ``F.cross_entropy`` of the materialized logits."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from leaderboard.fused_cross_entropy import linear_cross_entropy
+
+
+def _reference(hidden, weight, targets):
+    """Loss and gradients in float64 through the plain logits."""
+    h = hidden.detach().double().requires_grad_()
+    w = weight.detach().double().requires_grad_()
+    loss = F.cross_entropy((h @ w.t()).flatten(0, -2), targets.flatten())
+    loss.backward()
+    return loss.detach(), h.grad, w.grad
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize(
+    ("shape", "vocab", "d", "chunk"),
+    [((1,), 97, 17, 1), ((17,), 130, 33, 7), ((2, 97), 503, 64, 64), ((3, 43), 257, 24, 1000)],
+)
+def test_matches_float64_logits(shape, vocab, d, chunk):
+    gen = torch.Generator().manual_seed(sum(shape) + vocab)
+    hidden = torch.randn(*shape, d, generator=gen, dtype=torch.float32, requires_grad=True)
+    weight = (torch.randn(vocab, d, generator=gen) / d**0.5).requires_grad_()
+    targets = torch.randint(0, vocab, shape, generator=gen)
+    loss = linear_cross_entropy(hidden, weight, targets, chunk_tokens=chunk)
+    (2.5 * loss).backward()
+    ref_loss, ref_dh, ref_dw = _reference(hidden, weight, targets)
+    assert loss.dtype == torch.float32 and loss.shape == ()
+    assert abs(loss.item() - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
+    assert _rel(hidden.grad, 2.5 * ref_dh) < 1e-5
+    assert _rel(weight.grad, 2.5 * ref_dw) < 1e-5
+
+
+def test_bf16_error_within_twice_plain_bf16():
+    """In bf16 the fused loss is no less accurate than bf16 logits fed to F.cross_entropy."""
+    gen = torch.Generator().manual_seed(3)
+    tokens, vocab, d = 130, 1031, 96
+    hidden32 = torch.randn(tokens, d, generator=gen) * 3
+    weight32 = torch.randn(vocab, d, generator=gen) / d**0.5
+    targets = torch.randint(0, vocab, (tokens,), generator=gen)
+    ref_loss, ref_dh, ref_dw = _reference(hidden32, weight32, targets)
+
+    h, w = (t.bfloat16().requires_grad_() for t in (hidden32, weight32))
+    fused = linear_cross_entropy(h, w, targets, chunk_tokens=17)
+    fused.backward()
+    hp, wp = (t.bfloat16().requires_grad_() for t in (hidden32, weight32))
+    plain = F.cross_entropy((hp @ wp.t()).float(), targets)
+    plain.backward()
+
+    assert abs(fused.item() - float(ref_loss)) <= 2 * abs(plain.item() - float(ref_loss)) + 1e-3
+    assert _rel(h.grad, ref_dh) <= 2 * _rel(hp.grad, ref_dh) + 1e-3
+    assert _rel(w.grad, ref_dw) <= 2 * _rel(wp.grad, ref_dw) + 1e-3
+
+
+def test_large_logits_stay_finite():
+    hidden = torch.full((5, 4), 50.0)
+    weight = torch.randn(11, 4, generator=torch.Generator().manual_seed(0)) * 40
+    targets = torch.arange(5)
+    loss = linear_cross_entropy(hidden, weight, targets, chunk_tokens=2)
+    assert torch.isfinite(loss)
+    assert abs(float(loss) - float(_reference(hidden, weight, targets)[0])) < 1e-3 * max(1.0, float(loss))
+
+
+def test_bad_inputs_name_the_argument():
+    h, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.randint(0, 10, (4,))
+    with pytest.raises(ValueError, match="weight"):
+        linear_cross_entropy(h, torch.randn(10, 7), t)
+    with pytest.raises(ValueError, match="targets shape"):
+        linear_cross_entropy(h, w, t[:3])
+    with pytest.raises(ValueError, match="integer"):
+        linear_cross_entropy(h, w, t.float())
+    with pytest.raises(ValueError, match="share a dtype"):
+        linear_cross_entropy(h, w.double(), t)
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        linear_cross_entropy(h, w, t, chunk_tokens=0)
