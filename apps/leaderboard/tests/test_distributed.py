@@ -1,7 +1,6 @@
 """The benchmark and the equivalence check on 2 gloo ranks (the CPU path of ``train.py``)."""
 
 import pytest
-
 from leaderboard.check import run_check
 from leaderboard.recipes import get_recipe
 from leaderboard.worker import run_benchmark
@@ -20,7 +19,9 @@ def _bench(rank, world_size, baseline, overrides):
     import torch
 
     recipe = get_recipe("tiny").with_(steps=2, warmup=1, **overrides)
-    return run_benchmark(rank, world_size, torch.device("cpu"), recipe, baseline, time.time(), log=lambda *_: None)
+    return run_benchmark(
+        rank, world_size, torch.device("cpu"), recipe, baseline, time.time(), log=lambda *_: None
+    )
 
 
 @pytest.mark.timeout(300)

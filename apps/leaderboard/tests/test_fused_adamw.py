@@ -5,13 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cs336_basics import AdamW
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    """``leaderboard.fused_adamw`` loaded afresh with ``TRITON_INTERPRET=1`` (read when kernels are defined)."""
+    """``leaderboard.fused_adamw`` loaded afresh under ``TRITON_INTERPRET=1`` (read at kernel definition)."""
     import leaderboard
 
     mp = pytest.MonkeyPatch()
@@ -47,7 +46,17 @@ def test_matches_reference_adamw_over_steps(interpreted):
 def test_rejects_non_fp32_state(interpreted):
     p = torch.zeros(5)
     with pytest.raises(ValueError, match="grad must be a contiguous fp32"):
-        interpreted.adamw_update_(p, torch.zeros(5, dtype=torch.float64), torch.zeros(5), torch.zeros(5), 1,
-                                  1e-3, 0.9, 0.999, 1e-8, 0.0)
+        interpreted.adamw_update_(
+            p,
+            torch.zeros(5, dtype=torch.float64),
+            torch.zeros(5),
+            torch.zeros(5),
+            1,
+            1e-3,
+            0.9,
+            0.999,
+            1e-8,
+            0.0,
+        )
     with pytest.raises(ValueError, match="learning rate"):
         interpreted.TritonAdamW([torch.zeros(2, requires_grad=True)], lr=-1.0)

@@ -3,7 +3,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
 from leaderboard.fused_cross_entropy import linear_cross_entropy
 
 

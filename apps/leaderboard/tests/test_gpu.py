@@ -16,8 +16,20 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 def test_check_passes_on_cuda():
     """``--check`` on the tiny model at context 256 with compiled regions, on every GPU (torchrun if >= 2)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "leaderboard.cli", "--check", "--preset", "tiny", "--set", "context_length=256",
-               "--set", "compile_regions=true", "--nproc", str(min(2, torch.cuda.device_count()))]
+    command = [
+        sys.executable,
+        "-m",
+        "leaderboard.cli",
+        "--check",
+        "--preset",
+        "tiny",
+        "--set",
+        "context_length=256",
+        "--set",
+        "compile_regions=true",
+        "--nproc",
+        str(min(2, torch.cuda.device_count())),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=580)
     print(done.stdout[-6000:], done.stderr[-6000:])
     assert done.returncode == 0

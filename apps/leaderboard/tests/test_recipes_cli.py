@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from leaderboard.cli import default_recipe_name, parse_args, resolve_recipe, write_json
 from leaderboard.recipes import RECIPES, get_recipe
 
@@ -13,7 +12,12 @@ GIB = 2**30
 def test_recipes_have_the_documented_shapes():
     eight_b = get_recipe("leaderboard-8b").model_config()
     assert (eight_b.vocab_size, eight_b.d_model, eight_b.num_layers, eight_b.num_heads, eight_b.d_ff) == (
-        151_936, 4096, 34, 32, 11_008)
+        151_936,
+        4096,
+        34,
+        32,
+        11_008,
+    )
     assert (eight_b.context_length, eight_b.batch_size) == (32_768, 2)
     large = get_recipe("large-8k").model_config()
     assert (large.d_model, large.num_layers, large.context_length, large.batch_size) == (1280, 36, 8192, 2)
@@ -22,10 +26,29 @@ def test_recipes_have_the_documented_shapes():
 
 
 def test_overrides_are_typed_and_checked():
-    args = parse_args(["--preset", "tiny", "--steps", "3", "--set", "checkpoint_blocks=1",
-                       "--set", "compile_regions=true", "--set", "attention=cudnn", "--set", "learning_rate=0.5"])
+    args = parse_args(
+        [
+            "--preset",
+            "tiny",
+            "--steps",
+            "3",
+            "--set",
+            "checkpoint_blocks=1",
+            "--set",
+            "compile_regions=true",
+            "--set",
+            "attention=cudnn",
+            "--set",
+            "learning_rate=0.5",
+        ]
+    )
     recipe = resolve_recipe(args, gpus=0, gpu_memory_bytes=0)
-    assert (recipe.steps, recipe.checkpoint_blocks, recipe.compile_regions, recipe.attention) == (3, 1, True, "cudnn")
+    assert (recipe.steps, recipe.checkpoint_blocks, recipe.compile_regions, recipe.attention) == (
+        3,
+        1,
+        True,
+        "cudnn",
+    )
     assert recipe.learning_rate == 0.5 and recipe.name == "tiny"
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         resolve_recipe(parse_args(["--set", "no_such_field=1"]), 0, 0)
