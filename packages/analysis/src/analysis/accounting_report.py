@@ -1,0 +1,177 @@
+"""Report sections: FLOP and memory accounting, activation checkpointing (used by :mod:`analysis.report`)."""
+
+from __future__ import annotations
+
+import math
+
+import sympy as sp
+
+from .accounting import (
+    H200_BF16_PEAK_FLOPS,
+    best_checkpoint_group_size,
+    block_activation_bytes,
+    memory_breakdown,
+    mfu,
+    parameter_count,
+    recursive_checkpoint_cost,
+    residual_stream_bytes,
+    train_step_flops,
+)
+from .markdown import latex, md_table
+from .model_sizes import MODEL_SHAPES
+
+GIB, MIB = 2**30, 2**20
+
+# Step times measured on 2 H200s, recorded in the project's GPU notes: (label, model, batch per GPU, seq, s).
+GPU_NOTES_STEPS = (
+    ("torch DDP, FP32", "xl", 4, 512, 1.047),
+    ("torch DDP, BF16 autocast", "xl", 4, 512, 0.247),
+    ("FSDP2, BF16, per-block checkpointing, SDPA flash", "leaderboard-8b", 1, 32_768, 8.60),
+    ("same with SDPA cuDNN", "leaderboard-8b", 1, 32_768, 6.88),
+)
+
+
+def accounting_section() -> str:
+    lines = [
+        "## Accounting of the model presets",
+        "",
+        "From `analysis.accounting` (the formulas every benchmark of the project uses). Parameters: "
+        "embedding $Vd$, per block $4d^2 + 3 d d_{ff} + 2d$, final norm $d$, untied head $dV$ (checked "
+        "against meta-device models of every preset by the tests). Training-step FLOPs: $6 \\times$ "
+        "tokens $\\times$ matmul parameters (blocks and LM head, not the embedding lookup) plus causal "
+        "attention, $4BHS^2D/2$ forward and 2.5x that backward. Memory in fp32 with AdamW (4 + 4 + 8 "
+        "bytes per parameter); activations are what autograd saves in the reference block (tensor by "
+        "tensor; a test matches it byte-exactly to `saved_tensors_hooks`) plus the LM head and loss, with "
+        "the naive attention that materializes $B H S^2$ probabilities or a FlashAttention kernel that "
+        "does not, and with per-block checkpointing.",
+        "",
+    ]
+    rows = []
+    for name, shape in MODEL_SHAPES.items():
+        batch, seq = shape.batch, shape.context_length
+        naive = memory_breakdown(shape, batch, seq, checkpoint=None)
+        flash = memory_breakdown(shape, batch, seq, materialized_scores=False)
+        rows.append(
+            [
+                name,
+                f"{batch} x {seq:,}",
+                f"{parameter_count(shape) / 1e6:,.1f}",
+                f"{train_step_flops(shape, batch, seq) / 1e12:,.1f}",
+                f"{naive.parameters / GIB:.2f}",
+                f"{naive.optimizer_state / GIB:.2f}",
+                f"{naive.activations_no_checkpoint / GIB:,.1f}",
+                f"{flash.activations_no_checkpoint / GIB:,.1f}",
+                f"{flash.activations_checkpointed / GIB:,.2f}",
+            ]
+        )
+    headers = [
+        "model", "batch x context", "params (M)", "step TFLOPs", "params = grads (GiB)", "AdamW (GiB)",
+        "activations, naive attn (GiB)", "activations, flash (GiB)", "flash + per-block ckpt (GiB)",
+    ]  # fmt: skip
+    lines.append(md_table(headers, rows))
+    xl = MODEL_SHAPES["xl"]
+    residual = [f"{residual_stream_bytes(xl, 4, s) / MIB:.0f} MiB at context {s}" for s in (128, 512, 2048)]
+    lines += [
+        "",
+        f"**Residual stream of xl** (batch 4, fp32, $B \\times S \\times d$): {', '.join(residual)}; half "
+        f"that in bf16.",
+        "",
+        "**Model FLOP utilization** of the step times measured on 2 H200s in the GPU notes (FLOPs per GPU "
+        "from `train_step_flops`, recomputation by checkpointing not counted, against the 989 TFLOP/s dense "
+        "bf16 peak):",
+        "",
+    ]
+    rows = []
+    for label, name, batch, seq, seconds in GPU_NOTES_STEPS:
+        flops = train_step_flops(MODEL_SHAPES[name], batch, seq)
+        rows.append(
+            [name, label, f"{batch} x {seq:,}", f"{seconds:.3f}", f"{flops / seconds / 1e12:.0f}",
+             f"{mfu(flops, seconds, H200_BF16_PEAK_FLOPS):.1%}"]
+        )  # fmt: skip
+    lines.append(md_table(["model", "setting", "tokens per GPU", "step (s)", "TFLOP/s", "MFU"], rows))
+    return "\n".join(lines) + "\n"
+
+
+def one_level_optimum() -> tuple[sp.Expr, sp.Expr, sp.Expr]:
+    """``M(k) = (L / k) R + k A``, its minimizing ``k*`` and ``M(k*)``, solved with sympy."""
+    layers, residual, block, group = sp.symbols("L R A k", positive=True)
+    memory = layers / group * residual + group * block
+    (best,) = sp.solve(sp.diff(memory, group), group)
+    return memory, best, sp.simplify(memory.subs(group, best))
+
+
+def checkpointing_section() -> str:
+    memory, best, minimum = one_level_optimum()
+    lines = [
+        "## Activation checkpointing",
+        "",
+        "**Minimum memory when compute is free.** Nest checkpoints as a chain: keep only the input of the "
+        "stack; to run the backward of block i, recompute blocks 1 ... i - 1 from that input without "
+        "saving anything, then block i saving its activations. Peak: one block's activations plus a "
+        "constant number of residual streams, O(1) in N; compute: $\\sum_i i = N(N+1)/2$ block forwards, "
+        "O(N^2). The balanced recursive scheme is the useful compromise: checkpoint the input of each "
+        "half, recurse on the second half, then on the first:",
+        "",
+        "```python",
+        "def backward_range(blocks, x, grad_out):            # returns grad wrt x",
+        "    if len(blocks) == 1:",
+        "        return vjp(blocks[0], x, grad_out)              # saves one block's activations",
+        "    half = len(blocks) // 2",
+        "    with torch.no_grad():",
+        "        mid = run(blocks[:half], x)                     # one stored residual per level",
+        "    grad_mid = backward_range(blocks[half:], mid, grad_out)",
+        "    return backward_range(blocks[:half], x, grad_mid)",
+        "```",
+        "",
+        "It stores $M(N) = 1 + M(N/2)$ = O(log N) residual streams and runs $F(N) = N/2 + 2F(N/2)$ = "
+        "O(N log N) block forwards (`recursive_checkpoint_cost`):",
+        "",
+    ]
+    rows = []
+    for n in (2, 4, 8, 32, 64, 1024):
+        stored, forwards = recursive_checkpoint_cost(n)
+        rows.append([n, stored, f"{math.log2(n) + 1:.0f}", forwards, f"{n * math.log2(n) / 2 + n:.0f}"])
+    lines.append(md_table(["N", "stored", "log2 N + 1", "block forwards", "N log2(N) / 2 + N"], rows))
+    lines += [
+        "",
+        f"**One level** (groups of k blocks): peak $M(k) = {latex(memory)}$ for L blocks, residual stream R "
+        f"and one block's activations A; $k^* = {latex(best)}$ and $M(k^*) = {latex(minimum)}$, O(sqrt N) "
+        "memory for one extra forward (O(N) compute).",
+        "",
+        xl_checkpoint_table(),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def xl_checkpoint_table(batch: int = 4, seq: int = 2048) -> str:
+    xl = MODEL_SHAPES["xl"]
+    parts = []
+    for scores, label in (
+        (True, "naive attention (the reference model)"),
+        (False, "a FlashAttention kernel"),
+    ):
+        best, peaks = best_checkpoint_group_size(
+            xl.num_layers, config=xl, batch=batch, seq=seq, materialized_scores=scores
+        )
+        block = block_activation_bytes(xl, batch, seq, materialized_scores=scores)
+        parts.append((label, block, best, peaks))
+    shown = sorted({1, 2, 3, 4, 6, 8, 16, xl.num_layers} | {best for _, _, best, _ in parts})
+    residual = residual_stream_bytes(xl, batch, seq)
+    lines = [
+        f"For **xl, batch {batch}, context {seq}, fp32** (R = {residual / MIB:.0f} MiB) the predicted "
+        f"peak of saved activations (GiB, head included) by group size k:",
+        "",
+    ]
+    rows = [
+        [label, f"{block / GIB:.2f}", best, *(f"{peaks[k] / GIB:.2f}" for k in shown)]
+        for label, block, best, peaks in parts
+    ]
+    lines.append(md_table(["attention", "A per block (GiB)", "best k", *(f"k = {k}" for k in shown)], rows))
+    lines += [
+        "",
+        f"One block's activations dwarf a residual stream (A / R is about "
+        f"{block_activation_bytes(xl, batch, seq) / residual:.0f} with naive attention), so $k^* = "
+        f"\\sqrt{{L R / A}}$ is below 1 and checkpointing every block is best; the profiling package "
+        f"measures peaks at k and its neighbours against this prediction.",
+    ]
+    return "\n".join(lines)
