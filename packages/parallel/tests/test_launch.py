@@ -50,3 +50,8 @@ def test_timeout_instead_of_hang():
 def test_bad_world_size():
     with pytest.raises(ValueError, match="world_size"):
         spawn(_env, 0)
+
+
+def test_spawn_start_method_runs_functions_of_test_files():
+    # This file is imported by path (pytest's importlib mode): the children load it by file.
+    assert spawn(_sum_ranks, 2, 2.0, backend="gloo", start_method="spawn", timeout=90) == [6.0, 6.0]

@@ -1,0 +1,22 @@
+"""Collective benchmarks, data-parallel wrappers, optimizer-state sharding and FSDP on torch.distributed.
+
+The library imports only torch; the benchmarks (``python -m parallel.bench_*``) also build the reference
+model of ``cs336_basics`` (the optional extra ``parallel[bench]``).
+"""
+
+from parallel.ddp import DDP, BucketedDDP, FlatDDP, NaiveDDP, broadcast_module_state
+from parallel.launch import WorkerError, free_port, init_from_env, spawn
+
+# Optimizer-state sharding and FSDP (parallel.zero, parallel.fsdp) are exported below.
+
+__all__ = [
+    "DDP",
+    "BucketedDDP",
+    "FlatDDP",
+    "NaiveDDP",
+    "WorkerError",
+    "broadcast_module_state",
+    "free_port",
+    "init_from_env",
+    "spawn",
+]

@@ -12,12 +12,16 @@ torchrun describes, so the same worker code runs on one node or several.
 from __future__ import annotations
 
 import datetime
+import importlib
+import importlib.util
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,12 +71,51 @@ def init_from_env(backend: str | None = None) -> tuple[int, int, torch.device]:
     return rank, world_size, device
 
 
+@dataclass(frozen=True)
+class _FunctionByFile:
+    """A module-level function named by module, qualified name and source file.
+
+    A ``spawn``-started child imports ``fn``'s module by name; a module loaded from a path (a test file
+    under pytest's importlib mode) is not importable by name there, so the child loads its file instead.
+    """
+
+    module: str
+    qualname: str
+    path: str
+
+    def resolve(self) -> Callable[..., Any]:
+        try:
+            obj: Any = importlib.import_module(self.module)
+        except ImportError:
+            spec = importlib.util.spec_from_file_location(self.module, self.path)
+            if spec is None or spec.loader is None:
+                raise
+            obj = importlib.util.module_from_spec(spec)
+            sys.modules[self.module] = obj
+            spec.loader.exec_module(obj)
+        for part in self.qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+def _picklable(fn: Callable[..., Any]) -> Callable[..., Any] | _FunctionByFile:
+    code = getattr(fn, "__code__", None)
+    if code is None or "<locals>" in fn.__qualname__ or fn.__module__ == "__main__":
+        return fn
+    return _FunctionByFile(fn.__module__, fn.__qualname__, code.co_filename)
+
+
 def _worker(fn, rank, world_size, backend, port, args, results, timeout_s) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
     )
     try:
+        if isinstance(fn, _FunctionByFile):
+            fn = fn.resolve()
+        if backend == "gloo":
+            # Like torchrun's OMP_NUM_THREADS=1: workers sharing the cores must not each take them all.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         init_process_group(rank, world_size, backend, timeout_s)
         value = fn(rank, world_size, *args)
         results.put((rank, "ok", value))
@@ -94,7 +137,8 @@ def spawn(
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return values by rank.
 
     ``start_method`` defaults to ``fork`` for gloo (so test-local functions work) and ``spawn``
-    for NCCL (CUDA cannot be forked); with ``spawn`` ``fn`` must be importable by name.
+    for NCCL (CUDA cannot be forked); with ``spawn`` ``fn`` must be a module-level function (of an
+    importable module or of a file the child can load, such as a test file).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -102,12 +146,17 @@ def spawn(
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         found = torch.cuda.device_count()
         raise ValueError(f"NCCL with world_size={world_size} needs that many GPUs, found {found}")
-    ctx = mp.get_context(start_method or ("spawn" if backend == "nccl" else "fork"))
+    start_method = start_method or ("spawn" if backend == "nccl" else "fork")
+    ctx = mp.get_context(start_method)
+    if start_method == "fork":
+        # torch.optim imports torch._dynamo on the first step (seconds); once here, shared by every fork.
+        importlib.import_module("torch._dynamo")
+    target = fn if start_method == "fork" else _picklable(fn)
     results = ctx.Queue()
     port = free_port()
     procs = [
         ctx.Process(
-            target=_worker, args=(fn, r, world_size, backend, port, args, results, timeout), daemon=True
+            target=_worker, args=(target, r, world_size, backend, port, args, results, timeout), daemon=True
         )
         for r in range(world_size)
     ]

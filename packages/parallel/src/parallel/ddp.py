@@ -1,0 +1,261 @@
+"""Data-parallel wrappers: every rank trains a full replica on its own batch, gradients are averaged.
+
+Four strategies, from the simplest to the fastest; all share one interface::
+
+    model = BucketedDDP(net, bucket_size_mb=25)       # or NaiveDDP / FlatDDP / DDP
+    loss_fn(model(x), y).backward()
+    model.finish_gradient_synchronization()            # gradients now hold the mean over ranks
+    optimizer.step()
+
+- ``NaiveDDP``: after backward, one blocking all-reduce per gradient. No overlap, many small calls.
+- ``FlatDDP``: after backward, every gradient copied into one flat buffer, one all-reduce, copied back.
+- ``DDP``: a post-accumulate-grad hook launches an asynchronous all-reduce of each gradient as soon as
+  backward has produced it, overlapping communication with the rest of backward.
+- ``BucketedDDP``: gradients live in persistent flat buckets (``param.grad`` is a view into its bucket,
+  like torch's ``gradient_as_bucket_view=True``); buckets are filled in reverse registration order (the
+  order backward produces gradients) and each is all-reduced asynchronously once full, in bucket order.
+
+Common behaviour: rank 0's parameters and buffers are broadcast at construction; parameters with
+``requires_grad=False`` are left alone; a parameter shared by several modules (tied weights) is reduced
+once; gradients are averaged with ``ReduceOp.AVG`` in their own dtype (fp32 parameters under BF16
+autocast communicate fp32 gradients); ``no_sync()`` makes backward passes only accumulate locally, and the
+next synchronized step averages the accumulated sum; ``.module`` is the wrapped model, so parameter names
+carry the ``module.`` prefix and keep its order, as with ``torch.nn.parallel.DistributedDataParallel``.
+
+Limits: one process per device in the default process group (NCCL needs CUDA parameters). Collectives
+are matched by order, so every rank must produce gradients for the same parameters in each step (torch's
+``find_unused_parameters=False``); a parameter that gets no gradient in a step keeps its ``.grad`` as it
+was. Calling backward twice outside ``no_sync()`` before ``finish_gradient_synchronization()`` is an
+error. ``BucketedDDP`` stays copy-free when the optimizer zeroes gradients in place
+(``zero_grad(set_to_none=False)``); after ``set_to_none=True`` the next gradient is copied into its
+bucket once. Buckets follow registration order reversed and are never rebuilt, so a model whose backward
+order differs much from it overlaps less.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+__all__ = ["DDP", "BucketedDDP", "FlatDDP", "NaiveDDP", "broadcast_module_state"]
+
+
+_READY_TWICE = (
+    "a gradient became ready twice before finish_gradient_synchronization(); "
+    "accumulate over several backward passes inside no_sync()"
+)
+
+
+def _require_process_group(who: str) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"{who} needs an initialized default process group (dist.init_process_group)")
+
+
+@torch.no_grad()
+def broadcast_module_state(module: nn.Module, src: int = 0) -> None:
+    """Overwrite every parameter and buffer of ``module`` with rank ``src``'s values, in place."""
+    _require_process_group("broadcast_module_state")
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor.data, src=src)
+
+
+class _DataParallel(nn.Module, abc.ABC):
+    """Construction, forward and ``no_sync`` shared by the four strategies."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        _require_process_group(type(self).__name__)
+        if dist.get_backend() == "nccl":
+            off_gpu = [name for name, p in module.named_parameters() if p.device.type != "cuda"]
+            if off_gpu:
+                raise ValueError(f"module: the NCCL backend needs CUDA parameters, {off_gpu[0]!r} is on CPU")
+        self.module = module
+        self.world_size = dist.get_world_size()
+        self._sync_enabled = True
+        # module.parameters() yields a tied parameter once, in registration order.
+        self._params: list[nn.Parameter] = [p for p in module.parameters() if p.requires_grad]
+        broadcast_module_state(module)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate gradients locally; the next synchronized one averages."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    @abc.abstractmethod
+    def finish_gradient_synchronization(self) -> None:
+        """Make every ``param.grad`` the mean over ranks (waits for communication in flight)."""
+
+
+class NaiveDDP(_DataParallel):
+    """One blocking all-reduce per gradient, all issued after backward."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled:
+            return
+        for p in self._params:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+class FlatDDP(_DataParallel):
+    """All gradients flattened into one buffer per dtype and device, one all-reduce each, copied back."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled:
+            return
+        groups: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+        for p in self._params:
+            if p.grad is not None:
+                groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+        for grads in groups.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG)
+            chunks = flat.split([g.numel() for g in grads])
+            torch._foreach_copy_(grads, [chunk.view_as(g) for chunk, g in zip(chunks, grads, strict=True)])
+
+
+class DDP(_DataParallel):
+    """Asynchronous all-reduce of each gradient as soon as backward has accumulated it."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        self._pending: dict[nn.Parameter, dist.Work] = {}
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        if not self._sync_enabled:
+            return
+        if param in self._pending:
+            raise RuntimeError(_READY_TWICE)
+        self._pending[param] = dist.all_reduce(param.grad, op=dist.ReduceOp.AVG, async_op=True)
+
+    def finish_gradient_synchronization(self) -> None:
+        for work in self._pending.values():
+            work.wait()
+        self._pending.clear()
+
+
+@dataclass
+class _Bucket:
+    """A flat gradient buffer; ``views[i]`` is ``params[i]``'s gradient inside it."""
+
+    params: list[nn.Parameter]
+    buffer: Tensor
+    views: list[Tensor]
+    ready: set[int] = field(default_factory=set)
+    work: dist.Work | None = None
+
+
+def _adopt_gradient(param: nn.Parameter, view: Tensor) -> None:
+    """Make ``param.grad`` the bucket view ``view``, copying the gradient in if it lives elsewhere."""
+    grad = param.grad
+    if grad is None:
+        view.zero_()
+    elif grad.data_ptr() != view.data_ptr():
+        view.copy_(grad)
+    else:
+        return
+    param.grad = view
+
+
+class BucketedDDP(_DataParallel):
+    """Gradients packed into ``bucket_size_mb`` buckets in backward order, each all-reduced when full.
+
+    A parameter larger than a bucket gets a bucket of its own; parameters of different dtypes or devices
+    never share one. ``bucket_size_mb`` is in MiB (2**20 bytes).
+    """
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0):
+        if not bucket_size_mb > 0:
+            raise ValueError(f"bucket_size_mb must be a positive number of MiB, got {bucket_size_mb}")
+        super().__init__(module)
+        self.bucket_size_mb = bucket_size_mb
+        self._buckets = self._build_buckets(int(bucket_size_mb * 2**20))
+        self._slot = {p: (b, i) for b, bk in enumerate(self._buckets) for i, p in enumerate(bk.params)}
+        self._next_launch = 0
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    @property
+    def bucket_numels(self) -> list[int]:
+        """Number of gradient elements in each bucket, in launch order."""
+        return [bucket.buffer.numel() for bucket in self._buckets]
+
+    def _build_buckets(self, cap_bytes: int) -> list[_Bucket]:
+        groups: list[list[nn.Parameter]] = []
+        open_group: dict[tuple[torch.dtype, torch.device], tuple[list[nn.Parameter], int]] = {}
+        for p in reversed(self._params):
+            key, nbytes = (p.dtype, p.device), p.numel() * p.element_size()
+            members, filled = open_group.get(key, (None, 0))
+            if members is None or (members and filled + nbytes > cap_bytes):
+                members, filled = [], 0
+                groups.append(members)
+            members.append(p)
+            open_group[key] = (members, filled + nbytes)
+        buckets = []
+        for members in groups:
+            first = members[0]
+            buffer = torch.zeros(sum(p.numel() for p in members), dtype=first.dtype, device=first.device)
+            chunks = buffer.split([p.numel() for p in members])
+            views = [chunk.view_as(p) for chunk, p in zip(chunks, members, strict=True)]
+            for p, view in zip(members, views, strict=True):
+                if p.grad is not None:
+                    _adopt_gradient(p, view)
+            buckets.append(_Bucket(members, buffer, views))
+        return buckets
+
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        b, i = self._slot[param]
+        bucket = self._buckets[b]
+        if self._sync_enabled and i in bucket.ready:
+            raise RuntimeError(_READY_TWICE)
+        _adopt_gradient(param, bucket.views[i])
+        if not self._sync_enabled:
+            return
+        bucket.ready.add(i)
+        while (
+            self._next_launch < len(self._buckets)
+            and len(self._buckets[self._next_launch].ready) == len(self._buckets[self._next_launch].params)
+        ):
+            self._launch(self._buckets[self._next_launch])
+            self._next_launch += 1
+
+    @staticmethod
+    def _launch(bucket: _Bucket) -> None:
+        bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.AVG, async_op=True)
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled or not any(bucket.ready for bucket in self._buckets):
+            return
+        for bucket in self._buckets[self._next_launch:]:
+            # Parameters without a gradient this step keep theirs: a slot holding its current value (equal
+            # on every rank after earlier steps) or zeros averages back to itself.
+            for i, (p, view) in enumerate(zip(bucket.params, bucket.views, strict=True)):
+                if i not in bucket.ready:
+                    if p.grad is None:
+                        view.zero_()
+                    else:
+                        _adopt_gradient(p, view)
+            self._launch(bucket)
+        for bucket in self._buckets:
+            if bucket.work is not None:
+                bucket.work.wait()
+            bucket.work = None
+            bucket.ready.clear()
+        self._next_launch = 0
