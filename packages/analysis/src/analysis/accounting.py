@@ -148,7 +148,8 @@ def block_activation_bytes(
     outputs ``2d``, rotated q and k plus v ``3d``, attention output ``d``, SwiGLU ``5 d_ff`` (x1 used twice,
     sigmoid, SiLU, x3, product). With ``materialized_scores`` (naive attention): the softmax probabilities
     ``H S`` per token and a boolean ``S x S`` causal mask; otherwise (a FlashAttention kernel): the output
-    ``O`` of shape ``(B, H, S, D)`` (one more ``d``) and the log-sum-exp ``H`` per token. Plus the RoPE
+    ``O`` of shape ``(B, H, S, D)`` (one more ``d``; a view of the projection's input, so free, when
+    ``H = 1`` or ``S = 1``) and the log-sum-exp ``H`` per token. Plus the RoPE
     cos/sin tables, always fp32: four ``(S, D/2)`` tensors.
     """
     _check_config(config)
@@ -160,7 +161,7 @@ def block_activation_bytes(
         per_token += h * seq
         mask_bytes = seq * seq
     else:
-        per_token += d + h
+        per_token += h + (d if h > 1 and seq > 1 else 0)
     rope_bytes = 4 * seq * (d // h // 2) * 4
     return batch * seq * per_token * activation_bytes + mask_bytes + rope_bytes
 
