@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "optimized step with the reference model + cs336_basics AdamW (fp32 and bf16)",
     )
     parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="time the baseline, then the optimized step adding one optimization per row, in one launch; "
+        "prints a table (and writes it as CSV and Markdown beside --json)",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -171,8 +177,10 @@ def rank_main(
         from .check import run_check
 
         return run_check(rank, world_size, device, recipe)
-    from .worker import run_benchmark
+    from .worker import run_ablation, run_benchmark
 
+    if args.ablation:
+        return run_ablation(rank, world_size, device, recipe, launch_time)
     return run_benchmark(rank, world_size, device, recipe, args.baseline, launch_time)
 
 
@@ -190,6 +198,15 @@ def report(result: dict, args: argparse.Namespace, recipe: Recipe) -> None:
         print(result["table"])
         print("check passed" if result["passed"] else "check FAILED")
         return
+    if args.ablation:
+        table = ablation_table(result["runs"])
+        if args.json is not None:
+            table.to_csv(args.json.with_suffix(".csv"), index=False)
+            args.json.with_suffix(".md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+        print(table.to_markdown(index=False, floatfmt=".3f"))
+        result = result["runs"][-1]
+        if "error" in result:
+            return
     startup = result["launch_to_first_step_end_seconds"] - result["first_step_seconds"]
     print(
         f"start-up (launch to trainer built): {startup:.1f} s;"
@@ -202,6 +219,28 @@ def report(result: dict, args: argparse.Namespace, recipe: Recipe) -> None:
             f"{100 * result['median_mfu']:.1f}%, {result['median_tflops_per_gpu']:.0f} TFLOP/s per GPU"
         )
     print(f"median step time: {result['median_step_seconds']:.4f} s")
+
+
+def ablation_table(runs: list[dict]):
+    """One row per ablation step: median step time, its ratio to the baseline, MFU, memory."""
+    import pandas as pd
+
+    base = runs[0].get("median_step_seconds")
+    rows = []
+    for run in runs:
+        seconds = run.get("median_step_seconds")
+        rows.append(
+            {
+                "step": run["label"],
+                "median s": seconds,
+                "x baseline": seconds / base if seconds and base else None,
+                "MFU %": 100 * run["median_mfu"] if run.get("median_mfu") is not None else None,
+                "peak GiB/GPU": run.get("peak_memory_gib_per_gpu"),
+                "first-step loss": run["steps"][0]["loss"] if run.get("steps") else None,
+                "note": run.get("error", ""),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _under_torchrun() -> bool:

@@ -110,3 +110,30 @@ def get_recipe(name: str) -> Recipe:
         return RECIPES[name]
     except KeyError:
         raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}") from None
+
+
+def ablation_steps(recipe: Recipe, device_type: str) -> list[tuple[str, bool, dict]]:
+    """The ablation: ``(label, is_baseline, recipe overrides)``, each row adding one optimization.
+
+    Starts from the torch-native baseline, then our trainer with only the fused LM head + loss (every
+    block checkpointed, SDPA cuDNN, torch's fused AdamW, nothing compiled), then adds one piece per row.
+    """
+    attention = "cudnn" if device_type == "cuda" else "math"
+    step = {
+        "attention": attention,
+        "fused_loss": True,
+        "compile_regions": False,
+        "optimizer": "torch",
+        "checkpoint_blocks": recipe.model_config().num_layers,
+    }
+    rows = [("baseline (torch FSDP2, SDPA, every block checkpointed, fused torch AdamW)", True, {})]
+    rows.append(("+ fused LM head + cross-entropy", False, dict(step)))
+    step["compile_regions"] = True
+    rows.append(("+ torch.compile of RMSNorm, RoPE, SwiGLU", False, dict(step)))
+    step["checkpoint_blocks"] = -1
+    rows.append(("+ checkpoint only the blocks memory needs", False, dict(step)))
+    step["optimizer"] = "auto"  # Triton on CUDA; torch where Triton cannot run
+    rows.append(("+ Triton AdamW", False, dict(step)))
+    step["attention"] = "auto"
+    rows.append(("+ fastest attention kernel measured (flashattn Triton, cuDNN, flash)", False, dict(step)))
+    return rows

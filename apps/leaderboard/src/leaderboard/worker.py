@@ -17,7 +17,7 @@ from .attention import choose_attention
 from .baseline import build_baseline
 from .metrics import StepRecord, format_step, median_seconds, peak_memory_gib, throughput
 from .optimized import build_optimized
-from .recipes import Recipe
+from .recipes import Recipe, ablation_steps
 from .trainer import Trainer, random_batch
 
 
@@ -129,3 +129,28 @@ def run_benchmark(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return summary
+
+
+def run_ablation(
+    rank: int, world_size: int, device: torch.device, recipe: Recipe, launch_time: float, log=print
+) -> dict:
+    """Run every row of ``ablation_steps`` in turn; a row that raises is recorded and the next one runs."""
+    say = log if rank == 0 else (lambda *_: None)
+    runs = []
+    for label, baseline, overrides in ablation_steps(recipe, device.type):
+        say(f"=== {label}")
+        try:
+            run = run_benchmark(
+                rank, world_size, device, recipe.with_(**overrides), baseline, launch_time, log
+            )
+        except Exception as error:  # e.g. out of memory: keep the rows measured so far
+            say(f"failed: {type(error).__name__}: {error}")
+            run = {
+                "error": f"{type(error).__name__}: {str(error)[:300]}",
+                "recipe": recipe.with_(**overrides).as_dict(),
+            }
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        runs.append({"label": label, **run})
+    return {"runs": runs}
