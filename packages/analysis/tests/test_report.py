@@ -26,6 +26,25 @@ def test_bus_bandwidth_read_from_benchmark_csv(tmp_path):
     assert report.read_bus_bandwidth(tmp_path / "missing.csv") is None
 
 
+def test_bus_bandwidth_from_the_parallel_benchmark_layout(tmp_path):
+    table = tmp_path / "collectives.csv"
+    table.write_text(
+        "backend,processes,collective,size_mib,size_bytes,median_ms,busbw_GBps\n"
+        "gloo,2,all_reduce,1024,1073741824,900.0,1.2\n"
+        "nccl,4,all_reduce,1024,1073741824,5.0,322.0\n"
+        "nccl,4,all_reduce,100,104857600,0.6,250.0\n"
+        "nccl,4,all_gather,1024,1073741824,2.0,500.0\n"
+    )
+    busbw, source = report.read_bus_bandwidth(table)
+    assert busbw == pytest.approx(322e9)
+    assert "on 4 GPUs" in source
+    table.write_text("backend,processes,collective,size_bytes,busbw_GBps\ngloo,2,all_reduce,1024,1.0\n")
+    assert report.read_bus_bandwidth(table) is None
+    table.write_text("name,value\nx,1\n")
+    with pytest.raises(ValueError, match="cannot read"):
+        report.read_bus_bandwidth(table)
+
+
 def test_report_is_written_with_every_section(tmp_path):
     table = tmp_path / "collectives.csv"
     table.write_text("op,world_size,size_bytes,busbw\nall_reduce,2,1073741824,100.0\n")

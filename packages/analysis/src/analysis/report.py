@@ -41,28 +41,42 @@ NVLINK_PER_DIRECTION = 450e9
 """Nominal NVLink bandwidth of one H200, per direction, bytes/s."""
 
 
+def _column(row: dict[str, str], *names: str) -> str:
+    for name in names:
+        if row.get(name) not in (None, ""):
+            return row[name]
+    raise KeyError(f"none of the columns {names} in {sorted(row)}")
+
+
 def read_bus_bandwidth(path: Path) -> tuple[float, str] | None:
     """All-reduce bus bandwidth (bytes/s) of the largest message in a collective benchmark CSV, or ``None``.
 
-    Expects columns ``op, world_size, size_bytes, busbw``; ``busbw`` in GB/s unless the values are clearly
-    in bytes/s (above 1e6). Prefers 2 ranks (the pair the GPU notes measured), else the fewest ranks.
+    Reads ``parallel.bench_collectives``' table (``collective, processes, size_bytes, busbw_GBps`` and
+    ``backend``) or one with columns ``op, world_size, size_bytes, busbw`` (GB/s unless above 1e6, then
+    bytes/s). Only NCCL rows count when a backend column exists (gloo on CPUs says nothing about GPUs);
+    prefers 2 ranks (the pair the GPU notes measured), else the fewest.
     """
     if not path.is_file():
         return None
     with path.open(newline="") as handle:
-        rows = [row for row in csv.DictReader(handle) if "reduce" in row.get("op", "").lower()]
-    rows = [r for r in rows if "scatter" not in r["op"].lower() and r.get("busbw") not in (None, "")]
-    if not rows:
+        rows = list(csv.DictReader(handle))
+    try:
+        picked = [
+            (int(float(_column(r, "processes", "world_size"))), float(r["size_bytes"]),
+             float(_column(r, "busbw_GBps", "busbw")))
+            for r in rows
+            if _column(r, "collective", "op").lower().replace("-", "_") == "all_reduce"
+            and r.get("backend", "nccl").lower() == "nccl"
+        ]  # fmt: skip
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{path}: cannot read all-reduce bus bandwidth ({err})") from err
+    if not picked:
         return None
-    sizes = sorted({int(float(r["world_size"])) for r in rows})
-    ranks = 2 if 2 in sizes else sizes[0]
-    best = max(
-        (r for r in rows if int(float(r["world_size"])) == ranks), key=lambda r: float(r["size_bytes"])
-    )
-    value = float(best["busbw"])
+    ranks = 2 if any(r == 2 for r, _, _ in picked) else min(r for r, _, _ in picked)
+    _, size, value = max((row for row in picked if row[0] == ranks), key=lambda row: row[1])
     busbw = value if value > 1e6 else value * 1e9
     source = (
-        f"`{path.name}`: all-reduce of {float(best['size_bytes']) / 2**20:.0f} MiB on {ranks} GPUs, "
+        f"`{path.name}`: NCCL all-reduce of {size / 2**20:.0f} MiB on {ranks} GPUs, "
         f"bus bandwidth {busbw / 1e9:.0f} GB/s"
     )
     return busbw, source
@@ -422,8 +436,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--collectives-csv",
         type=Path,
         default=Path("docs/collectives.csv"),
-        help="Collective benchmark table (columns op, world_size, size_bytes, busbw in GB/s); its largest "
-        "all-reduce gives W. Ignored if missing or if --bandwidth-gbps is given.",
+        help="Collective benchmark table written by python -m parallel.bench_collectives; its largest NCCL "
+        "all-reduce (on 2 GPUs if present) gives W. Ignored if missing or if --bandwidth-gbps is given.",
     )
     parser.add_argument(
         "--bandwidth-gbps",
