@@ -10,11 +10,13 @@ from .accounting import (
     H200_BF16_PEAK_FLOPS,
     best_checkpoint_group_size,
     block_activation_bytes,
+    fsdp_memory_per_rank,
     memory_breakdown,
     mfu,
     parameter_count,
     recursive_checkpoint_cost,
     residual_stream_bytes,
+    sharded_optimizer_state_bytes,
     train_step_flops,
 )
 from .markdown import latex, md_table
@@ -89,7 +91,44 @@ def accounting_section() -> str:
              f"{mfu(flops, seconds, H200_BF16_PEAK_FLOPS):.1%}"]
         )  # fmt: skip
     lines.append(md_table(["model", "setting", "tokens per GPU", "step (s)", "TFLOP/s", "MFU"], rows))
+    lines += ["", sharded_state_table()]
     return "\n".join(lines) + "\n"
+
+
+def sharded_state_table() -> str:
+    """Per-GPU bytes of parameters, gradients, AdamW state: replicated, ZeRO-1, FSDP (no activations)."""
+    rows = []
+    for name in ("xl", "leaderboard-8b"):
+        shape = MODEL_SHAPES[name]
+        params = parameter_count(shape)
+        for world in (1, 2, 4):
+            zero1 = 8 * params + sharded_optimizer_state_bytes(shape, world)
+            fsdp = fsdp_memory_per_rank(shape, world, compute_bytes=2)
+            rows.append(
+                [name, world, f"{16 * params / GIB:.1f}", f"{zero1 / GIB:.1f}",
+                 f"{(fsdp.total - fsdp.gathered_weights) / GIB:.1f}", f"{fsdp.gathered_weights / GIB:.2f}"]
+            )  # fmt: skip
+    return "\n".join(
+        [
+            "**Sharded training state** per GPU (fp32 parameters and gradients, AdamW m and v; "
+            "`sharded_optimizer_state_bytes`, `fsdp_memory_per_rank`): ZeRO-1 shards only the optimizer "
+            "state; FSDP shards the 2-D weights, their gradients and state, replicates the norm gains, "
+            "and at its peak also holds up to three gathered layers in bf16 (the one computing and two "
+            "prefetched; bounded here by the three largest layers).",
+            "",
+            md_table(
+                [
+                    "model",
+                    "GPUs",
+                    "replicated (GiB)",
+                    "ZeRO-1 (GiB)",
+                    "FSDP shards (GiB)",
+                    "+ gathered (GiB)",
+                ],
+                rows,
+            ),
+        ]
+    )
 
 
 def one_level_optimum() -> tuple[sp.Expr, sp.Expr, sp.Expr]:
