@@ -89,7 +89,9 @@ def _train(model, optimizer, rank, world_size, steps, local_batch, device="cpu")
         if hasattr(model, "finish_gradient_synchronization"):
             model.finish_gradient_synchronization()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=step % 2 == 0)  # both ways of zeroing must work
+        # Every way of resetting gradients must work: the optimizer's, the wrapper's, to None or in place.
+        zero_grad = optimizer.zero_grad if step % 3 == 0 else model.zero_grad
+        zero_grad(set_to_none=step % 3 != 1)
 
 
 def _assert_params_match(wrapped, reference, **tol):

@@ -7,8 +7,9 @@ loss under BF16 autocast), ``torch.optim.AdamW(foreach=True)``, a fixed random b
 (``--batch-size`` sequences of the preset's context per GPU), ``--warmup`` untimed, ``--steps`` timed steps.
 Variants: ``local`` (no wrapper, no communication: the floor), ``naive``, ``flat``, ``ddp``, ``bucketed``
 (``--bucket-mb``), ``torch`` (DistributedDataParallel with its defaults and the same bucket cap) and
-``torch-view`` (the same with ``gradient_as_bucket_view=True``). Views-based variants zero gradients in place,
-the others set them to None, each as its documentation advises.
+``torch-view`` (the same with ``gradient_as_bucket_view=True``). Gradients are reset by the wrapper's
+``zero_grad``: set to None, except ``torch-view``, whose bucket views must persist (zeroed in place), and
+``BucketedDDP``'s shared buckets (zeroed in place by its own ``zero_grad``).
 
 CUDA events on each rank time every step: ``step_ms`` (forward, loss, backward, gradient synchronization,
 optimizer), ``sync_wait_ms`` (end of backward to end of ``finish_gradient_synchronization`` on the compute
@@ -138,7 +139,7 @@ def _train_step(model, optimizer, inputs, targets, bf16: bool, set_to_none: bool
     mark()
     with phase("optimizer"):
         optimizer.step()
-        optimizer.zero_grad(set_to_none=set_to_none)
+        model.zero_grad(set_to_none=set_to_none)
     mark()
 
 
@@ -157,14 +158,7 @@ def _run_variant(settings: Settings, variant: str, precision: str, bucket_mb: fl
         0, config.vocab_size, (settings.batch_size, config.context_length + 1), device=device
     )
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    step_args = (
-        model,
-        optimizer,
-        inputs,
-        targets,
-        precision == "bf16",
-        variant in ("bucketed", "torch-view"),
-    )
+    step_args = (model, optimizer, inputs, targets, precision == "bf16", variant != "torch-view")
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(settings.warmup):

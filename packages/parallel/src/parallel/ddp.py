@@ -11,9 +11,11 @@ Four strategies, from the simplest to the fastest; all share one interface::
 - ``FlatDDP``: after backward, every gradient copied into one flat buffer, one all-reduce, copied back.
 - ``DDP``: a post-accumulate-grad hook launches an asynchronous all-reduce of each gradient as soon as
   backward has produced it, overlapping communication with the rest of backward.
-- ``BucketedDDP``: gradients live in persistent flat buckets (``param.grad`` is a view into its bucket,
-  like torch's ``gradient_as_bucket_view=True``); buckets are filled in reverse registration order (the
-  order backward produces gradients) and each is all-reduced asynchronously once full, in bucket order.
+- ``BucketedDDP``: parameters are grouped into buckets of ``bucket_size_mb`` in reverse registration order
+  (the order backward produces gradients); each bucket is all-reduced asynchronously once all its
+  gradients are ready, in bucket order. Small parameters share a persistent flat buffer and their
+  ``param.grad`` is a view into it (torch's ``gradient_as_bucket_view=True``), so no copy goes back; a
+  parameter that fills a bucket alone is reduced where its gradient lies, with no copy at all.
 
 Common behaviour: rank 0's parameters and buffers are broadcast at construction; parameters with
 ``requires_grad=False`` are left alone; a parameter shared by several modules (tied weights) is reduced
@@ -26,10 +28,10 @@ Limits: one process per device in the default process group (NCCL needs CUDA par
 are matched by order, so every rank must produce gradients for the same parameters in each step (torch's
 ``find_unused_parameters=False``); a parameter that gets no gradient in a step keeps its ``.grad`` as it
 was. Calling backward twice outside ``no_sync()`` before ``finish_gradient_synchronization()`` is an
-error. ``BucketedDDP`` stays copy-free when the optimizer zeroes gradients in place
-(``zero_grad(set_to_none=False)``); after ``set_to_none=True`` the next gradient is copied into its
-bucket once. Buckets follow registration order reversed and are never rebuilt, so a model whose backward
-order differs much from it overlaps less.
+error. In ``BucketedDDP`` a shared bucket receives a gradient that autograd put elsewhere (the first after
+an optimizer's ``zero_grad(set_to_none=True)``) by one copy; ``BucketedDDP.zero_grad()`` avoids it (shared
+buffers zeroed in place, lone gradients set to None). Buckets follow registration order reversed and are
+never rebuilt, so a model whose backward order differs much from it overlaps less.
 """
 
 from __future__ import annotations
@@ -153,10 +155,14 @@ class DDP(_DataParallel):
 
 @dataclass
 class _Bucket:
-    """A flat gradient buffer; ``views[i]`` is ``params[i]``'s gradient inside it."""
+    """Parameters whose gradients are all-reduced by one call.
+
+    With several parameters, ``buffer`` is a flat gradient buffer and ``views[i]`` is ``params[i]``'s
+    gradient inside it; a bucket of one parameter has neither and reduces that gradient where it lies.
+    """
 
     params: list[nn.Parameter]
-    buffer: Tensor
+    buffer: Tensor | None
     views: list[Tensor]
     ready: set[int] = field(default_factory=set)
     work: dist.Work | None = None
@@ -195,7 +201,26 @@ class BucketedDDP(_DataParallel):
     @property
     def bucket_numels(self) -> list[int]:
         """Number of gradient elements in each bucket, in launch order."""
-        return [bucket.buffer.numel() for bucket in self._buckets]
+        return [sum(p.numel() for p in bucket.params) for bucket in self._buckets]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset gradients, keeping shared buckets' views: each shared buffer is zeroed in one fill.
+
+        A lone parameter's gradient is set to None (or zeroed, with ``set_to_none=False``); a gradient that
+        is None stays None, also in a shared bucket.
+        """
+        for bucket in self._buckets:
+            if bucket.buffer is None:
+                p = bucket.params[0]
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.detach_().zero_()
+                continue
+            bucket.buffer.zero_()
+            for p, view in zip(bucket.params, bucket.views, strict=True):
+                if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                    p.grad = view
 
     def _build_buckets(self, cap_bytes: int) -> list[_Bucket]:
         groups: list[list[nn.Parameter]] = []
@@ -210,6 +235,9 @@ class BucketedDDP(_DataParallel):
             open_group[key] = (members, filled + nbytes)
         buckets = []
         for members in groups:
+            if len(members) == 1:
+                buckets.append(_Bucket(members, None, []))
+                continue
             first = members[0]
             buffer = torch.zeros(sum(p.numel() for p in members), dtype=first.dtype, device=first.device)
             chunks = buffer.split([p.numel() for p in members])
@@ -225,7 +253,8 @@ class BucketedDDP(_DataParallel):
         bucket = self._buckets[b]
         if self._sync_enabled and i in bucket.ready:
             raise RuntimeError(_READY_TWICE)
-        _adopt_gradient(param, bucket.views[i])
+        if bucket.buffer is not None:
+            _adopt_gradient(param, bucket.views[i])
         if not self._sync_enabled:
             return
         bucket.ready.add(i)
@@ -238,14 +267,20 @@ class BucketedDDP(_DataParallel):
 
     @staticmethod
     def _launch(bucket: _Bucket) -> None:
-        bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.AVG, async_op=True)
+        tensor = bucket.buffer if bucket.buffer is not None else bucket.params[0].grad
+        bucket.work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=True)
 
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_enabled or not any(bucket.ready for bucket in self._buckets):
             return
         for bucket in self._buckets[self._next_launch:]:
-            # Parameters without a gradient this step keep theirs: a slot holding its current value (equal
-            # on every rank after earlier steps) or zeros averages back to itself.
+            # Parameters without a gradient this step keep theirs: a lone one is not reduced; in a shared
+            # buffer its slot holds its current value (equal on every rank after earlier steps) or zeros,
+            # which averages back to itself.
+            if bucket.buffer is None:
+                if bucket.ready:
+                    self._launch(bucket)
+                continue
             for i, (p, view) in enumerate(zip(bucket.params, bucket.views, strict=True)):
                 if i not in bucket.ready:
                     if p.grad is None:
