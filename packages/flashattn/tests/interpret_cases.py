@@ -1,6 +1,7 @@
 """Runs the Triton kernels under TRITON_INTERPRET=1 on the CPU and prints their errors as JSON.
 
-Executed in a subprocess by ``test_triton_interpret.py``: the interpreter must be switched on before any Triton
+Executed in a subprocess by ``test_triton_interpret.py``: the interpreter must be switched on before any
+Triton
 kernel is defined, which a pytest process that already imported ``flashattn`` cannot do.
 """
 
@@ -10,12 +11,13 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-import triton.runtime.interpreter as interpreter  # noqa: E402
+import torch
+import triton.runtime.interpreter as interpreter
 
 
 def _numpy_24_index_shim() -> None:
-    """Triton 3.6's interpreter turns 1-element arrays into loop bounds with ``int(array)``, which numpy >= 2.4
+    """Triton 3.6's interpreter turns 1-element arrays into loop bounds with ``int(array)``, which numpy >=
+    2.4
     refuses (triton-lang/triton#9171, fixed upstream after 3.6). Re-bind ``__index__`` the upstream way."""
     original = interpreter._patch_lang_tensor
 
@@ -62,7 +64,10 @@ def _run(lead, seq_q, seq_k, head_dim, causal, dtype, strided) -> dict[str, floa
     o_ref, lse_ref = reference(*ref_in, is_causal=causal)
     o_ref.backward(do64)
     if strided:  # (..., seq, heads-like, d) storage read through a transposed view
-        ours = [t.to(dtype).transpose(-2, -3).contiguous().transpose(-2, -3).requires_grad_() for t in (q64, k64, v64)]
+        ours = [
+            t.to(dtype).transpose(-2, -3).contiguous().transpose(-2, -3).requires_grad_()
+            for t in (q64, k64, v64)
+        ]
     else:
         ours = [t.to(dtype).requires_grad_() for t in (q64, k64, v64)]
     with pinned_configs(PINNED):
@@ -70,7 +75,11 @@ def _run(lead, seq_q, seq_k, head_dim, causal, dtype, strided) -> dict[str, floa
         saved = o.grad_fn.saved_tensors
         lse = saved[0]
         o.backward(do64.to(dtype))
-    errors = {"dtype": str(dtype).removeprefix("torch."), "o": _rel_err(o, o_ref), "lse": _rel_err(lse, lse_ref)}
+    errors = {
+        "dtype": str(dtype).removeprefix("torch."),
+        "o": _rel_err(o, o_ref),
+        "lse": _rel_err(lse, lse_ref),
+    }
     for name, ours_t, ref_t in zip(("dq", "dk", "dv"), ours, ref_in, strict=True):
         errors[name] = _rel_err(ours_t.grad, ref_t.grad)
     known = {t.data_ptr() for t in (*ours, o)}
@@ -81,8 +90,10 @@ def _run(lead, seq_q, seq_k, head_dim, causal, dtype, strided) -> dict[str, floa
 
 def main() -> None:
     torch.set_num_threads(1)
-    results = {name: _run(lead, sq, sk, d, causal, dtype, name.startswith("strided"))
-               for name, lead, sq, sk, d, causal, dtype in CASES}
+    results = {
+        name: _run(lead, sq, sk, d, causal, dtype, name.startswith("strided"))
+        for name, lead, sq, sk, d, causal, dtype in CASES
+    }
     json.dump(results, sys.stdout)
 
 

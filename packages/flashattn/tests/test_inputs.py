@@ -2,13 +2,16 @@
 
 import pytest
 import torch
-
 from flashattn import FlashAttention2PyTorch, FlashAttention2Triton, reference
 from flashattn.inputs import as_4d
 
 
 def _qkv(seq_q=8, seq_k=8, d=16, dtype=torch.float32):
-    return torch.randn(2, seq_q, d, dtype=dtype), torch.randn(2, seq_k, d, dtype=dtype), torch.randn(2, seq_k, d, dtype=dtype)
+    return (
+        torch.randn(2, seq_q, d, dtype=dtype),
+        torch.randn(2, seq_k, d, dtype=dtype),
+        torch.randn(2, seq_k, d, dtype=dtype),
+    )
 
 
 def _call(impl, q, k, v, causal=False):
@@ -38,7 +41,7 @@ def test_bad_inputs_name_the_argument(impl, make, match):
 @pytest.mark.parametrize("impl", [reference, FlashAttention2PyTorch, FlashAttention2Triton])
 def test_causal_with_more_queries_than_keys_is_refused(impl):
     q, k, v = _qkv(seq_q=9, seq_k=8)
-    with pytest.raises(ValueError, match="seq_q <= seq_k"):
+    with pytest.raises(ValueError, match=r"seq_q <= seq_k"):
         _call(impl, q, k, v, causal=True)
 
 
@@ -48,7 +51,7 @@ def test_triton_refuses_cpu_tensors_without_interpreter():
 
 
 def test_triton_refuses_float64():
-    with pytest.raises(TypeError, match="q has dtype torch.float64"):
+    with pytest.raises(TypeError, match=r"q has dtype torch\.float64"):
         FlashAttention2Triton.apply(*_qkv(dtype=torch.float64), False)
 
 

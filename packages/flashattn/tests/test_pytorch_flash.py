@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from flashattn import FlashAttention2PyTorch, flash_attention, reference
 from flashattn.pytorch_flash import tiled_forward
 
@@ -25,7 +24,9 @@ def _rel_err(x, ref):
     return ((x.double() - ref).norm() / ref.norm().clamp_min(1.0)).item()
 
 
-CASES = [(shape, torch.float64, 1e-12) for shape in SHAPES] + [(SHAPES[i], torch.float32, 1e-5) for i in (1, 4)]
+CASES = [(shape, torch.float64, 1e-12) for shape in SHAPES] + [
+    (SHAPES[i], torch.float32, 1e-5) for i in (1, 4)
+]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The Triton kernels on the CPU through TRITON_INTERPRET=1, against a float64 reference (see interpret_cases.py)."""
+"""The Triton kernels on the CPU through TRITON_INTERPRET=1, against a float64 reference (see
+interpret_cases.py)."""
 
 import json
 import os
@@ -17,7 +18,11 @@ def interpreted_errors() -> dict[str, dict[str, float]]:
     src = HERE.parent / "src"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, str(HERE / "interpret_cases.py")], capture_output=True, text=True, env=env, timeout=400
+        [sys.executable, str(HERE / "interpret_cases.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout)
@@ -30,5 +35,7 @@ def test_interpreted_kernels_match_float64(interpreted_errors):
         if errors.pop("only_lse_new") != 1.0:
             failures.append(f"{name}: forward must save L (..., seq_q) as its one new tensor")
         bound = TOLERANCE[errors.pop("dtype")]
-        failures += [f"{name}: {t} relative error {e:.2e} >= {bound:.0e}" for t, e in errors.items() if not e < bound]
+        failures += [
+            f"{name}: {t} relative error {e:.2e} >= {bound:.0e}" for t, e in errors.items() if not e < bound
+        ]
     assert not failures, "\n".join(failures)

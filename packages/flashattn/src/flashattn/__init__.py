@@ -21,7 +21,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) ->
     """Attention ``(..., seq_q, d)`` of ``q (..., seq_q, d)``, ``k, v (..., seq_k, d)`` with autograd.
 
     CUDA tensors of fp16/bf16/fp32 go to the Triton kernels, everything else to the tiled PyTorch version.
-    Matches ``cs336_basics``' attention slot ``(q, k, v, is_causal) -> out``. ``torch.compile`` treats it as an
+    Matches ``cs336_basics``' attention slot ``(q, k, v, is_causal) -> out``. ``torch.compile`` treats it
+    as an
     opaque call (a graph break), so compiled models run the kernels unchanged.
     """
     if q.is_cuda and q.dtype != torch.float64:

@@ -1,10 +1,12 @@
 """Checks shared by every attention implementation, and the 4-D views the Triton kernels index.
 
-Accepted inputs: ``q`` of shape ``(..., seq_q, d)``, ``k`` and ``v`` of shape ``(..., seq_k, d)`` with the same
+Accepted inputs: ``q`` of shape ``(..., seq_q, d)``, ``k`` and ``v`` of shape ``(..., seq_k, d)`` with the
+same
 leading dims (no broadcasting), one dtype and one device, ``d`` in :data:`SUPPORTED_HEAD_DIMS`, lengths >= 1.
 
 Causal alignment is bottom-right (as in flash-attn 2.1+): query ``i`` sees key ``j`` iff
-``j <= i + seq_k - seq_q``, so the last query sees every key. With ``seq_q > seq_k`` the first queries would see
+``j <= i + seq_k - seq_q``, so the last query sees every key. With ``seq_q > seq_k`` the first queries
+would see
 no key at all; that case is refused rather than given an undefined softmax.
 """
 
@@ -15,7 +17,8 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, dtypes: tuple[torch.dtype, ...]) -> None:
-    """Raise ``TypeError``/``ValueError`` naming the offending argument; return quietly when the inputs fit."""
+    """Raise ``TypeError``/``ValueError`` naming the offending argument; return quietly when the inputs
+    fit."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -32,7 +35,8 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, dtypes: tuple[to
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all three must match")
         if t.shape[:-2] != q.shape[:-2]:
             raise ValueError(
-                f"{name} has leading dims {tuple(t.shape[:-2])} but q has {tuple(q.shape[:-2])}; they must match"
+                f"{name} has leading dims {tuple(t.shape[:-2])} but q has {tuple(q.shape[:-2])}; "
+                "they must match"
             )
         if t.shape[-1] != q.shape[-1]:
             raise ValueError(f"{name} has head_dim {t.shape[-1]} but q has {q.shape[-1]}; they must match")

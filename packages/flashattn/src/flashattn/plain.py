@@ -1,6 +1,8 @@
-"""Plain attention: the full score matrix, softmax, weighted sum. The oracle of the tests and the naive baseline.
+"""Plain attention: the full score matrix, softmax, weighted sum. The oracle of the tests and the naive
+baseline.
 
-It materialises ``(..., seq_q, seq_k)`` scores, so memory grows with the square of the length; that is the point
+It materialises ``(..., seq_q, seq_k)`` scores, so memory grows with the square of the length; that is the
+point
 of comparison, not a limit to fix here. Causal masking is bottom-right aligned (see :mod:`flashattn.inputs`).
 """
 

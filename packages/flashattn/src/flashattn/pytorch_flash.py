@@ -1,13 +1,18 @@
 """FlashAttention-2 written with PyTorch tensor operations: the algorithm, readable, on any device.
 
-Forward: query tiles x key tiles (``TILE`` x ``TILE`` positions), a running row max ``m``, running sum ``l`` and
-unnormalised output kept in float32 (float64 for float64 inputs); never a full ``seq_q x seq_k`` matrix. Key tiles
-wholly above the causal diagonal are skipped. Backward recomputes the probabilities one key tile at a time from
-``Q, K, V, O, dO`` and ``L``, with ``D = rowsum(O * dO)``; the per-tile body is compiled with ``torch.compile``.
+Forward: query tiles x key tiles (``TILE`` x ``TILE`` positions), a running row max ``m``, running sum
+``l`` and
+unnormalised output kept in float32 (float64 for float64 inputs); never a full ``seq_q x seq_k`` matrix.
+Key tiles
+wholly above the causal diagonal are skipped. Backward recomputes the probabilities one key tile at a time
+from
+``Q, K, V, O, dO`` and ``L``, with ``D = rowsum(O * dO)``; the per-tile body is compiled with
+``torch.compile``.
 
 Saved for backward: ``L`` (the only new tensor, shape ``(..., seq_q)``) plus the inputs ``q, k, v`` and the
 output ``o`` that the recomputation reads. Limits: head dims 16/32/64/128; fp16/bf16/fp32/fp64; causal needs
-``seq_q <= seq_k`` (bottom-right alignment). It is a clear reference, not a fast kernel: Python loops over tiles.
+``seq_q <= seq_k`` (bottom-right alignment). It is a clear reference, not a fast kernel: Python loops over
+tiles.
 """
 
 import math
@@ -25,8 +30,11 @@ def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def tiled_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, tile: int = TILE) -> tuple[Tensor, Tensor]:
-    """FlashAttention-2 forward: ``o`` ``(..., seq_q, d)`` in q's dtype and ``lse`` ``(..., seq_q)`` float32/64."""
+def tiled_forward(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, tile: int = TILE
+) -> tuple[Tensor, Tensor]:
+    """FlashAttention-2 forward: ``o`` ``(..., seq_q, d)`` in q's dtype and ``lse`` ``(..., seq_q)``
+    float32/64."""
     acc_dtype = _accumulator_dtype(q.dtype)
     seq_q, seq_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(head_dim)
@@ -59,9 +67,17 @@ def tiled_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, tile: int = 
 
 
 def _key_tile_gradients(
-    q: Tensor, k_tile: Tensor, v_tile: Tensor, do: Tensor, lse: Tensor, delta: Tensor, visible: Tensor, scale: float
+    q: Tensor,
+    k_tile: Tensor,
+    v_tile: Tensor,
+    do: Tensor,
+    lse: Tensor,
+    delta: Tensor,
+    visible: Tensor,
+    scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """One key tile of the backward: its ``dK``, ``dV`` and its contribution to ``dQ`` (all accumulator dtype).
+    """One key tile of the backward: its ``dK``, ``dV`` and its contribution to ``dQ`` (all accumulator
+    dtype).
 
     ``visible`` is a boolean ``(seq_q, tile)`` mask of allowed (query, key) pairs.
     """
@@ -81,7 +97,8 @@ _compiled_key_tile_gradients = torch.compile(_key_tile_gradients, dynamic=True)
 def tiled_backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, tile: int = TILE
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients ``dq, dk, dv`` (inputs' dtype) by recomputation, one key tile at a time (memory ``seq_q x tile``)."""
+    """Gradients ``dq, dk, dv`` (inputs' dtype) by recomputation, one key tile at a time (memory ``seq_q x
+    tile``)."""
     acc_dtype = _accumulator_dtype(q.dtype)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -93,12 +110,16 @@ def tiled_backward(
     for j0 in range(0, seq_k, tile):
         j1 = min(j0 + tile, seq_k)
         cols = torch.arange(j0, j1, device=q.device)[None, :]
-        if is_causal:
-            visible = cols <= rows
-        else:
-            visible = torch.ones(seq_q, j1 - j0, dtype=torch.bool, device=q.device)
+        visible = cols <= rows if is_causal else torch.ones(seq_q, j1 - j0, dtype=torch.bool, device=q.device)
         dq_part, dk_tile, dv_tile = _compiled_key_tile_gradients(
-            qa, k[..., j0:j1, :].to(acc_dtype), v[..., j0:j1, :].to(acc_dtype), doa, lse, delta, visible, scale
+            qa,
+            k[..., j0:j1, :].to(acc_dtype),
+            v[..., j0:j1, :].to(acc_dtype),
+            doa,
+            lse,
+            delta,
+            visible,
+            scale,
         )
         dq += dq_part
         dk[..., j0:j1, :] = dk_tile.to(k.dtype)

@@ -12,7 +12,8 @@ Limits, so that nobody learns them from a crash:
 - tile shapes come from a short table per head dim and dtype (:func:`configs_for`), measured with
   ``python -m flashattn.tune``; tests pin them with :func:`pinned_configs`.
 
-Layout of the file: the forward inner loop and kernel, the backward kernels (``D = rowsum(O * dO)``; ``dK, dV``
+Layout of the file: the forward inner loop and kernel, the backward kernels (``D = rowsum(O * dO)``; ``dK,
+dV``
 looping over query tiles; ``dQ`` looping over key tiles), the launchers, the ``autograd.Function``.
 Scores are kept in base-2 units: ``log2(e) / sqrt(d)`` is folded into one scale so the softmax uses ``exp2``.
 """
@@ -44,7 +45,7 @@ def _fwd_inner(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
         v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
-        if MASKED:
+        if MASKED:  # noqa: SIM108 (Triton resolves constexpr branches at compile time)
             k = tl.load(k_ptrs, mask=offs_n[:, None] < seq_k, other=0.0)
         else:
             k = tl.load(k_ptrs)
@@ -58,7 +59,7 @@ def _fwd_inner(
         probs = tl.math.exp2(scores * qk_scale - new_max[:, None])
         rescale = tl.math.exp2(row_max - new_max)
         row_sum = row_sum * rescale + tl.sum(probs, 1)
-        if MASKED:
+        if MASKED:  # noqa: SIM108
             v = tl.load(v_ptrs, mask=offs_n[:, None] < seq_k, other=0.0)
         else:
             v = tl.load(v_ptrs)
@@ -69,7 +70,7 @@ def _fwd_inner(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, OUT, LSE,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
@@ -112,15 +113,15 @@ def _fwd_kernel(
     )  # fmt: skip
 
     o = acc / row_sum[:, None]
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < seq_q)
+    o_ptrs = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=offs_m[:, None] < seq_q)
     lse = (row_max + tl.math.log2(row_sum)) / 1.4426950408889634  # base 2 -> natural log
     tl.store(LSE + bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
 
 
 @triton.jit
 def _bwd_delta_kernel(
-    O, DO, DELTA,
+    OUT, DO, DELTA,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_gb, stride_gh, stride_gs, stride_gd,
     n_heads, seq_q,
@@ -135,10 +136,10 @@ def _bwd_delta_kernel(
     offs_m = pid % n_tiles * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None] < seq_q
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od,
-                mask=rows, other=0.0)  # fmt: skip
-    do = tl.load(DO + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gs + offs_d[None, :] * stride_gd,
-                 mask=rows, other=0.0)  # fmt: skip
+    o_ptrs = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
+    o = tl.load(o_ptrs, mask=rows, other=0.0)
+    do_ptrs = DO + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gs + offs_d[None, :] * stride_gd
+    do = tl.load(do_ptrs, mask=rows, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
 
@@ -217,7 +218,9 @@ def _bwd_dkdv_kernel(
     causal_shift = seq_k - seq_q
     padded_q = tl.cdiv(seq_q, BLOCK_M) * BLOCK_M
     full_q = seq_q // BLOCK_M * BLOCK_M
-    if CAUSAL:  # query i sees key j iff i >= j - shift: skip earlier query tiles, mask those crossing the diagonal
+    if (
+        CAUSAL
+    ):  # query i sees key j iff i >= j - shift: skip earlier query tiles, mask those crossing the diagonal
         start = tl.maximum(start_n - causal_shift, 0) // BLOCK_M * BLOCK_M
         diag_end = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_shift, 0), BLOCK_M) * BLOCK_M,
                               padded_q)  # fmt: skip
@@ -238,8 +241,12 @@ def _bwd_dkdv_kernel(
         BLOCK_M, True, CAUSAL, PRECISION,
     )  # fmt: skip
 
-    dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :] * stride_dkd
-    dv_ptrs = DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :] * stride_dvd
+    dk_ptrs = (
+        DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :] * stride_dkd
+    )
+    dv_ptrs = (
+        DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :] * stride_dvd
+    )
     tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=keys)
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=keys)
 
@@ -298,8 +305,8 @@ def _bwd_dq_kernel(
     rows = offs_m[:, None] < seq_q
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
                 mask=rows, other=0.0)  # fmt: skip
-    do = tl.load(DO + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gs + offs_d[None, :] * stride_gd,
-                 mask=rows, other=0.0)  # fmt: skip
+    do_ptrs = DO + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gs + offs_d[None, :] * stride_gd
+    do = tl.load(do_ptrs, mask=rows, other=0.0)
     lse = tl.load(LSE + bh.to(tl.int64) * seq_q + offs_m, mask=offs_m < seq_q, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + bh.to(tl.int64) * seq_q + offs_m, mask=offs_m < seq_q, other=0.0)
     k_base = K + b * stride_kb + h * stride_kh
@@ -321,7 +328,9 @@ def _bwd_dq_kernel(
         dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
         offs_m, offs_d, full_end, end, seq_k, causal_shift, qk_scale, BLOCK_N, True, CAUSAL, PRECISION,
     )  # fmt: skip
-    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd
+    dq_ptrs = (
+        DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd
+    )
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows)
 
 
@@ -335,7 +344,8 @@ class TileConfig(NamedTuple):
 
 
 class KernelConfigs(NamedTuple):
-    """One :class:`TileConfig` per kernel. ``dkdv`` programs own ``block_n`` keys; ``dq`` programs ``block_m``."""
+    """One :class:`TileConfig` per kernel. ``dkdv`` programs own ``block_n`` keys; ``dq`` programs
+    ``block_m``."""
 
     forward: TileConfig
     dkdv: TileConfig
@@ -346,8 +356,12 @@ class KernelConfigs(NamedTuple):
 # 16-bit: 128-query forward tiles keep the tensor cores busy; d=128 needs 8 warps for the fp32 accumulator.
 # fp32 runs IEEE dots on the FMA units and its tiles take twice the shared memory, so its tiles are smaller.
 _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
-    (128, True): KernelConfigs(TileConfig(128, 64, 8, 3), TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)),
-    (64, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)),
+    (128, True): KernelConfigs(
+        TileConfig(128, 64, 8, 3), TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)
+    ),
+    (64, True): KernelConfigs(
+        TileConfig(128, 64, 4, 3), TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)
+    ),
     (32, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
     (16, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
     (128, False): KernelConfigs(TileConfig(64, 32, 4, 2), TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
@@ -359,7 +373,8 @@ _pinned: KernelConfigs | None = None
 
 
 def configs_for(head_dim: int, dtype: torch.dtype) -> KernelConfigs:
-    """The tile table's entry for ``head_dim`` and ``dtype`` (or the pinned one, see :func:`pinned_configs`)."""
+    """The tile table's entry for ``head_dim`` and ``dtype`` (or the pinned one, see
+    :func:`pinned_configs`)."""
     if _pinned is not None:
         return _pinned
     return _CONFIGS[(head_dim, dtype != torch.float32)]
@@ -367,7 +382,8 @@ def configs_for(head_dim: int, dtype: torch.dtype) -> KernelConfigs:
 
 @contextlib.contextmanager
 def pinned_configs(configs: KernelConfigs) -> Iterator[None]:
-    """Use ``configs`` for every launch inside the ``with`` block (tests pin one shape for reproducibility)."""
+    """Use ``configs`` for every launch inside the ``with`` block (tests pin one shape for
+    reproducibility)."""
     global _pinned
     previous, _pinned = _pinned, configs
     try:
@@ -381,7 +397,8 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def launch_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, cfg: TileConfig) -> tuple[Tensor, Tensor]:
-    """Forward on 4-D views ``(B, H, S, d)``: ``o`` (q's dtype and layout) and ``lse`` ``(B, H, seq_q)`` fp32."""
+    """Forward on 4-D views ``(B, H, S, d)``: ``o`` (q's dtype and layout) and ``lse`` ``(B, H, seq_q)``
+    fp32."""
     batch, heads, seq_q, head_dim = q.shape
     seq_k = k.shape[2]
     o = torch.empty_like(q)
@@ -446,7 +463,9 @@ def launch_dq(
 def _check_device(q: Tensor) -> None:
     interpreted = triton.knobs.runtime.interpret
     if q.device.type != "cuda" and not interpreted:
-        raise ValueError(f"q is on {q.device}; FlashAttention2Triton needs CUDA tensors (or TRITON_INTERPRET=1)")
+        raise ValueError(
+            f"q is on {q.device}; FlashAttention2Triton needs CUDA tensors (or TRITON_INTERPRET=1)"
+        )
 
 
 class FlashAttention2Triton(torch.autograd.Function):
