@@ -44,3 +44,19 @@ def test_baseline_and_optimized_start_from_the_same_loss():
     assert opt["steps"][-1]["loss"] < opt["steps"][0]["loss"]  # AdamW steps on a fixed batch lower the loss
     assert opt["median_step_seconds"] > 0 and opt["info"]["checkpointed_blocks"] == 1
     assert base["info"]["checkpointed_blocks"] == 2
+
+
+def _ablate_without_time(rank, world_size):
+    import time
+
+    import torch
+    from leaderboard.worker import run_ablation
+
+    started = time.time() - 10
+    return run_ablation(rank, world_size, torch.device("cpu"), get_recipe("tiny"), started, "full", 1.0)
+
+
+def test_ablation_respects_its_time_budget():
+    runs = spawn(_ablate_without_time, 2, timeout=120)[0]["runs"]
+    assert len(runs) == 6 and runs[0]["label"].startswith("baseline")
+    assert all(run["error"] == "skipped: time budget" for run in runs)

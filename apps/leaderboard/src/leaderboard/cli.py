@@ -75,9 +75,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--ablation",
-        action="store_true",
-        help="time the baseline, then the optimized step adding one optimization per row, in one launch; "
-        "prints a table (and writes it as CSV and Markdown beside --json)",
+        nargs="?",
+        const="full",
+        choices=("full", "ends"),
+        default=None,
+        help="in one launch, time the baseline, then the optimized step adding one optimization per row "
+        "('full', the default), or only the baseline and the fully optimized step ('ends'); prints a table "
+        "and writes it as CSV and Markdown beside --json",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --ablation: start no further row once S seconds since launch plus the last row's "
+        "duration would be exceeded (the rows left out are listed as skipped)",
     )
     parser.add_argument(
         "--json",
@@ -180,7 +192,24 @@ def rank_main(
     from .worker import run_ablation, run_benchmark
 
     if args.ablation:
-        return run_ablation(rank, world_size, device, recipe, launch_time)
+
+        def save_partial(runs: list[dict]) -> None:
+            if args.json is not None:
+                write_json(
+                    args.json.with_suffix(".partial.json"),
+                    {"resolved_recipe": recipe.as_dict(), "runs": runs},
+                )
+
+        return run_ablation(
+            rank,
+            world_size,
+            device,
+            recipe,
+            launch_time,
+            args.ablation,
+            args.time_budget,
+            on_row=save_partial,
+        )
     return run_benchmark(rank, world_size, device, recipe, args.baseline, launch_time)
 
 
@@ -207,12 +236,17 @@ def report(result: dict, args: argparse.Namespace, recipe: Recipe) -> None:
         result = result["runs"][-1]
         if "error" in result:
             return
-    startup = result["launch_to_first_step_end_seconds"] - result["first_step_seconds"]
-    print(
-        f"start-up (launch to trainer built): {startup:.1f} s;"
-        f" first step (compile, autotune): {result['first_step_seconds']:.1f} s;"
-        f" launch to last step: {result['launch_to_end_seconds']:.1f} s"
-    )
+        print(
+            f"last row: set-up {result['setup_seconds']:.1f} s, "
+            f"first step {result['first_step_seconds']:.1f} s"
+        )
+    else:
+        startup = result["launch_to_first_step_end_seconds"] - result["first_step_seconds"]
+        print(
+            f"start-up (launch to trainer built): {startup:.1f} s;"
+            f" first step (compile, autotune): {result['first_step_seconds']:.1f} s;"
+            f" launch to last step: {result['launch_to_end_seconds']:.1f} s"
+        )
     if result["peak_memory_gib_per_gpu"] is not None:
         print(
             f"peak memory: {result['peak_memory_gib_per_gpu']:.1f} GiB per GPU; median MFU "

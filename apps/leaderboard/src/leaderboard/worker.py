@@ -132,25 +132,51 @@ def run_benchmark(
 
 
 def run_ablation(
-    rank: int, world_size: int, device: torch.device, recipe: Recipe, launch_time: float, log=print
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    recipe: Recipe,
+    launch_time: float,
+    mode: str = "full",
+    time_budget: float | None = None,
+    log=print,
+    on_row=None,
 ) -> dict:
-    """Run every row of ``ablation_steps`` in turn; a row that raises is recorded and the next one runs."""
+    """Run the rows of ``ablation_steps`` ("ends": only the first and the last); ``runs`` in row order.
+
+    The baseline and the fully optimized row run first, then the rows between, so a ``time_budget``
+    (seconds since launch, checked before each row against the last row's duration) drops intermediate
+    rows first; dropped rows are recorded as skipped, a row that raises (e.g. out of memory) with its
+    error, and the next row runs. ``on_row(runs)`` is called on rank 0 after every row (partial results).
+    """
     say = log if rank == 0 else (lambda *_: None)
-    runs = []
-    for label, baseline, overrides in ablation_steps(recipe, device.type):
+    rows = ablation_steps(recipe, device.type)
+    if mode == "ends":
+        rows = [rows[0], rows[-1]]
+    order = [0, len(rows) - 1, *range(1, len(rows) - 1)] if len(rows) > 1 else [0]
+    runs: list[dict | None] = [None] * len(rows)
+    last_row_seconds = 0.0
+    for index in order:
+        label, baseline, overrides = rows[index]
+        late = time_budget is not None and time.time() - launch_time + last_row_seconds > time_budget
+        if _max_over_ranks(float(late), device):
+            say(f"=== {label}: skipped (time budget of {time_budget:.0f} s)")
+            runs[index] = {"label": label, "error": "skipped: time budget"}
+            continue
         say(f"=== {label}")
+        row_start = time.time()
         try:
             run = run_benchmark(
                 rank, world_size, device, recipe.with_(**overrides), baseline, launch_time, log
             )
         except Exception as error:  # e.g. out of memory: keep the rows measured so far
             say(f"failed: {type(error).__name__}: {error}")
-            run = {
-                "error": f"{type(error).__name__}: {str(error)[:300]}",
-                "recipe": recipe.with_(**overrides).as_dict(),
-            }
+            run = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        runs.append({"label": label, **run})
+        runs[index] = {"label": label, "row_seconds": time.time() - row_start, **run}
+        last_row_seconds = runs[index]["row_seconds"]
+        if rank == 0 and on_row is not None:
+            on_row([r for r in runs if r is not None])
     return {"runs": runs}
