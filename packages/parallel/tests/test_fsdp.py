@@ -264,3 +264,40 @@ def test_needs_process_group():
 
 def test_worker_sees_group():
     assert spawn(lambda rank, world_size: dist.get_world_size(), 2, timeout=60) == [2, 2]
+
+
+# ----------------------------------------------------------------------------------------------- GPU (NCCL)
+def _train_fsdp_cuda(rank, world_size, steps, compute_dtype, units, wrap_checkpoint, prefetch, layers):
+    torch.manual_seed(0)
+    model = BasicsTransformerLM(**{**CONFIG, "num_layers": layers, "d_model": 96, "d_ff": 264})
+    if wrap_checkpoint:
+        model.layers = nn.ModuleList(_Checkpointed(block) for block in model.layers)
+    fsdp = FSDP(model, compute_dtype=compute_dtype, unit_modules=units, prefetch=prefetch,
+                measure_gathers=True)
+    opt = torch.optim.SGD(fsdp.parameters(), lr=0.5, momentum=0.9)
+    for step in range(steps):
+        x, y = (t.cuda() for t in _batch(step, rank))
+        cross_entropy(fsdp(x), y).backward()
+        fsdp.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+    slack = fsdp.gather_slack()
+    return {n: t.numpy() for n, t in fsdp.gather_full_params().items()}, len(slack)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compute_dtype", [None, torch.bfloat16])
+def test_cuda_streams_prefetch_changes_no_result(compute_dtype):
+    """Prefetching on the side stream computes exactly what on-demand gathering does (no stream race)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    args = (5, compute_dtype, (TransformerBlock,), True)
+    eager = spawn(_train_fsdp_cuda, 2, *args, 0, 6, backend="nccl", timeout=300)[0]
+    ahead = spawn(_train_fsdp_cuda, 2, *args, 2, 6, backend="nccl", timeout=300)[0]
+    per_layer = spawn(_train_fsdp_cuda, 2, 5, compute_dtype, (), False, 2, 6, backend="nccl", timeout=300)[0]
+    assert ahead[1] > 0  # gathers were timed
+    for name, value in eager[0].items():
+        assert (value == ahead[0][name]).all(), name
+        tol = 1e-4 if compute_dtype is None else 2e-2
+        other = torch.from_numpy(per_layer[0][name])
+        torch.testing.assert_close(other, torch.from_numpy(value), atol=tol, rtol=0)

@@ -192,3 +192,28 @@ def test_rejects_non_optimizer_class():
 def test_needs_process_group():
     with pytest.raises(RuntimeError, match="process group"):
         ShardedOptimizer(_toy().parameters(), torch.optim.SGD, lr=1.0)
+
+
+def _cuda_against_reference(rank, world_size):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(97, 130), nn.GELU(), nn.Linear(130, 17)).cuda()
+    reference = copy.deepcopy(model)
+    sharded = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2)
+    plain = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    for step in range(10):
+        x = torch.randn(5, 97, device="cuda", generator=torch.Generator("cuda").manual_seed(step * 10 + rank))
+        model(x).square().mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        _copy_grads(model, reference)
+        for opt in (sharded, plain):
+            opt.step()
+            opt.zero_grad()
+    return _max_diff(model, reference)
+
+
+@pytest.mark.gpu
+def test_cuda_nccl_equals_unsharded():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    assert max(spawn(_cuda_against_reference, 2, backend="nccl", timeout=300)) < 1e-6

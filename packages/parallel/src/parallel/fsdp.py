@@ -144,7 +144,8 @@ class FSDP(nn.Module):
     ``unit_modules``: module classes whose instances each become one unit. ``reduce_dtype``: dtype of the
     gradient reduce-scatter (None: ``compute_dtype``). ``prefetch``: how many units ahead gathers run (0: on
     demand). ``seed``: initialization seed for a meta-device ``module``. ``device``: where shards and
-    computation live (default: the current CUDA device under NCCL, else the CPU).
+    computation live (default: the current CUDA device under NCCL, else the CPU). ``measure_gathers``: time
+    every gather against the moment the compute stream needs it (CUDA events; see ``gather_slack``).
     """
 
     def __init__(
@@ -156,6 +157,7 @@ class FSDP(nn.Module):
         prefetch: int = 2,
         seed: int = 0,
         device: torch.device | str | None = None,
+        measure_gathers: bool = False,
     ):
         super().__init__()
         _require_process_group()
@@ -177,6 +179,8 @@ class FSDP(nn.Module):
         self.compute_dtype = compute_dtype or torch.float32
         self.reduce_dtype = reduce_dtype or self.compute_dtype
         self.prefetch = prefetch
+        self.measure_gathers = measure_gathers
+        self._gather_log: list[tuple[int, str, torch.cuda.Event, torch.cuda.Event]] = []
         cuda = self.device.type == "cuda"
         self._comm_stream = torch.cuda.Stream(self.device) if cuda else None
         self._compute_stream = torch.cuda.current_stream(self.device) if cuda else None
@@ -367,12 +371,18 @@ class FSDP(nn.Module):
                 shard = shard.to(self.compute_dtype)
             dist.all_gather_into_tensor(unit.full_data, shard)
             if self._comm_stream is not None:
-                unit.event = self._comm_stream.record_event()
+                unit.event = torch.cuda.Event(enable_timing=self.measure_gathers)
+                unit.event.record(self._comm_stream)
         unit.state = _ISSUED
 
-    def _wait_gather(self, unit: _Unit) -> None:
+    def _wait_gather(self, unit: _Unit, phase: str | None = None) -> None:
+        """Queue the compute stream behind the unit's gather; ``phase`` names a use for ``gather_slack``."""
         if unit.state == _ISSUED:
             if unit.event is not None:
+                if self.measure_gathers and phase is not None:
+                    needed = torch.cuda.Event(enable_timing=True)
+                    needed.record(self._compute_stream)
+                    self._gather_log.append((unit.index, phase, needed, unit.event))
                 self._compute_stream.wait_event(unit.event)
                 unit.event = None
             unit.state = _READY
@@ -405,9 +415,10 @@ class FSDP(nn.Module):
             self._issue_gather(unit)
             for ahead in range(1, self.prefetch):
                 self._prefetch_forward(position + ahead)
+            self._wait_gather(unit, "forward")
         else:  # a checkpointed forward re-run in backward: the unit stays until its gradient is done
             self._issue_gather(unit)
-        self._wait_gather(unit)
+            self._wait_gather(unit, "backward")
         self._install_views(use)
 
     def _post_forward(self, use: _Use, output):
@@ -445,7 +456,7 @@ class FSDP(nn.Module):
         if in_plan:
             for ahead in range(1, self.prefetch):
                 self._prefetch_backward(position + ahead)
-        self._wait_gather(unit)
+        self._wait_gather(unit, "backward")
 
     def _on_grad_ready(self, unit: _Unit) -> None:
         grad = unit.full_param.grad
@@ -492,6 +503,7 @@ class FSDP(nn.Module):
             if unit.state != _FREE and not (self._forward_order and unit is self._forward_order[-1]):
                 self._free(unit)
         self._plan, self._forward_order = self._forward_order or self._plan, []
+        self._gather_log = []
         self._plan_ok = bool(self._plan)
         for unit in self._units:
             unit.backward_done, unit.backward_position = False, -1
@@ -510,6 +522,18 @@ class FSDP(nn.Module):
             self._compute_stream.wait_stream(self._comm_stream)
         for unit in self._units:
             self._free(unit)
+
+    def gather_slack(self) -> list[dict]:
+        """For each gather the last step waited on: ``{unit, phase, late_ms}`` (needs ``measure_gathers``).
+
+        ``late_ms`` is the time from the compute stream reaching the unit to the gather finishing: negative
+        when the gather finished early (by that much), positive when compute stalled for it. Synchronizes.
+        """
+        if not self.measure_gathers:
+            raise RuntimeError("gather_slack needs FSDP(..., measure_gathers=True)")
+        torch.cuda.synchronize(self.device)
+        return [{"unit": index, "phase": phase, "late_ms": needed.elapsed_time(ready)}
+                for index, phase, needed, ready in self._gather_log]
 
     def flat_shards(self) -> list[nn.Parameter]:
         """This rank's fp32 shard of every unit (1-D; unit padded to a multiple of the world size)."""
