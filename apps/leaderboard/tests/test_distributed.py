@@ -58,5 +58,5 @@ def _ablate_without_time(rank, world_size):
 
 def test_ablation_respects_its_time_budget():
     runs = spawn(_ablate_without_time, 2, timeout=120)[0]["runs"]
-    assert len(runs) == 6 and runs[0]["label"].startswith("baseline")
+    assert len(runs) == 7 and runs[0]["label"].startswith("baseline") and "parallel.FSDP" in runs[-1]["label"]
     assert all(run["error"] == "skipped: time budget" for run in runs)

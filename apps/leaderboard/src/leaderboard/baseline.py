@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import AttentionFn
 from .recipes import Recipe
-from .sharding import checkpoint_forward, materialize, shard_fsdp2
+from .sharding import checkpoint_forward, fsdp2_accessors, materialize, shard_fsdp2
 from .trainer import Trainer
 
 
@@ -88,4 +88,4 @@ def build_baseline(
         "loss": f"F.cross_entropy in checkpointed chunks of {recipe.loss_chunk_tokens} tokens",
         "compute_dtype": str(compute_dtype),
     }
-    return Trainer("baseline", root, forward_backward, optimizer_step, info=info)
+    return Trainer("baseline", root, forward_backward, optimizer_step, *fsdp2_accessors(root), info=info)

@@ -233,7 +233,7 @@ def report(result: dict, args: argparse.Namespace, recipe: Recipe) -> None:
             table.to_csv(args.json.with_suffix(".csv"), index=False)
             args.json.with_suffix(".md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
         print(table.to_markdown(index=False, floatfmt=".3f"))
-        result = result["runs"][-1]
+        result = result["runs"][result["headline"]]
         if "error" in result:
             return
         print(

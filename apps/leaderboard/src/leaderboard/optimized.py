@@ -7,8 +7,9 @@ Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed orde
    (bounded compile time; the attention kernel and the FSDP hooks stay outside the graphs);
 3. activation checkpointing of only as many blocks as memory demands (``recipe.checkpoint_blocks``,
    or, when -1, counted from one block's measured saved-activation bytes and the free memory);
-4. torch FSDP2 ``fully_shard`` per block and root, BF16 compute, fp32 reduction and master weights;
-   the model is built on meta and materialized sharded;
+4. sharding: torch FSDP2 ``fully_shard`` per block and root, or our ``parallel.FSDP`` (flat fp32 shards
+   per block unit), BF16 compute, fp32 reduction and master weights; the model is built on meta and
+   materialized sharded;
 5. the LM head + cross-entropy fused (``fused_cross_entropy``): no ``(tokens, vocab)`` logits;
 6. AdamW over the fp32 master shards: this app's Triton kernel or torch's fused one.
 """
@@ -25,10 +26,23 @@ from .baseline import ChunkedLossLM, hidden_states
 from .fused_adamw import TritonAdamW
 from .fused_cross_entropy import linear_cross_entropy
 from .recipes import Recipe
-from .sharding import checkpoint_forward, materialize, shard_fsdp2
+from .sharding import checkpoint_forward, fsdp2_accessors, materialize, shard_fsdp2
 from .trainer import Trainer
 
 GIB = 2**30
+SHARDING_NAMES = {
+    "fsdp2": "torch FSDP2 (fully_shard per block + root)",
+    "ours": "parallel.FSDP (one flat unit per block, per Linear/Embedding; norm gains replicated)",
+}
+
+
+def fuse_head_with_loss(head: nn.Module, chunk_tokens: int) -> None:
+    """Make ``head(hidden, targets)`` return the fused LM head + mean cross-entropy.
+
+    Replaces the instance's ``forward`` only, so the head keeps its parameter, its name and any hooks a
+    sharding wrapper put on it (which gather its weight around the call).
+    """
+    head.forward = lambda hidden, targets: linear_cross_entropy(hidden, head.weight, targets, chunk_tokens)
 
 
 class FusedLossLM(nn.Module):
@@ -36,11 +50,11 @@ class FusedLossLM(nn.Module):
 
     def __init__(self, lm: BasicsTransformerLM, chunk_tokens: int):
         super().__init__()
-        self.lm, self.chunk_tokens = lm, chunk_tokens
+        self.lm = lm
+        fuse_head_with_loss(lm.lm_head, chunk_tokens)
 
     def forward(self, tokens: Tensor, targets: Tensor) -> Tensor:
-        hidden = hidden_states(self.lm, tokens)
-        return linear_cross_entropy(hidden, self.lm.lm_head.weight, targets, self.chunk_tokens)
+        return self.lm.lm_head(hidden_states(self.lm, tokens), targets)
 
 
 def compile_block_regions(block: TransformerBlock) -> None:
@@ -56,7 +70,8 @@ def compile_block_regions(block: TransformerBlock) -> None:
 def saved_activation_bytes(
     recipe: Recipe, attention, dtype: torch.dtype, batch: int, device: torch.device
 ) -> int:
-    """Bytes one block keeps for backward on a ``(batch, seq, d_model)`` input, measured by the allocator.
+    """Bytes one block keeps for backward beyond its ``(batch, seq, d_model)`` input (which the caller
+    holds anyway), measured by the allocator.
 
     Runs a forward of a separate, unsharded block built like the model's (same attention kernel and
     compiled regions), so the measurement involves no collective and also warms the compiled code.
@@ -78,7 +93,7 @@ def saved_activation_bytes(
 
 
 def blocks_to_checkpoint(
-    recipe: Recipe, root: nn.Module, attention, batch: int, device: torch.device, dtype: torch.dtype
+    recipe: Recipe, params: list[Tensor], attention, batch: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[int, dict]:
     """How many blocks to recompute: the recipe's number, or the fewest that fit the measured memory."""
     cfg = recipe.model_config()
@@ -87,18 +102,20 @@ def blocks_to_checkpoint(
         return min(recipe.checkpoint_blocks, layers), {"checkpoint_rule": "fixed by recipe"}
     if device.type != "cuda":
         return 0, {"checkpoint_rule": "auto on a CPU: none"}
-    per_block = saved_activation_bytes(recipe, attention, dtype, batch, device)
+    # Every block's input stays alive (the residual stream); a kept block adds what it saves beyond it.
+    extra_per_kept = saved_activation_bytes(recipe, attention, dtype, batch, device)
     input_bytes = batch * cfg.context_length * cfg.d_model * torch.finfo(dtype).bits // 8
-    shard_bytes = sum(_local(p).numel() * 4 for p in root.parameters())
-    # After the first step each rank holds fp32 params, grads and two AdamW moments: 4x the shards.
+    shard_bytes = sum(_local(p).numel() * 4 for p in params)
     total = torch.cuda.get_device_properties(device).total_memory
-    free = total - 4 * shard_bytes - recipe.memory_headroom_gib * GIB
-    # Kept blocks cost per_block each; checkpointed ones keep only their input.
-    keep = int((free - layers * input_bytes) // max(per_block - input_bytes, 1))
+    # Fixed: fp32 params, grads and two AdamW moments (4x the shards), the inputs of all blocks, one
+    # checkpointed block's activations rebuilt during backward, and the recipe's headroom for gathered
+    # weights, gradient buffers and the loss chunks.
+    fixed = 4 * shard_bytes + layers * input_bytes + extra_per_kept + recipe.memory_headroom_gib * GIB
+    keep = int((total - fixed) // max(extra_per_kept, 1))
     count = min(layers, max(0, layers - keep))
     return count, {
         "checkpoint_rule": "auto",
-        "saved_activation_gib_per_block": per_block / GIB,
+        "saved_activation_gib_per_block": (extra_per_kept + input_bytes) / GIB,
         "sharded_state_gib": 4 * shard_bytes / GIB,
         "device_memory_gib": total / GIB,
     }
@@ -128,10 +145,29 @@ def build_optimized(
         for block in lm.layers:
             compile_block_regions(block)
         lm.ln_final.compile()
-    shard_fsdp2(root, list(lm.layers), compute_dtype)
-    materialize(root, device, recipe.seed)
+    if recipe.sharding == "ours":
+        from parallel.fsdp import FSDP
+
+        model = FSDP(
+            root,
+            compute_dtype=compute_dtype,
+            unit_modules=(TransformerBlock,),
+            seed=recipe.seed,
+            device=device,
+        )
+        params = [*model.flat_shards(), *model.replicated_parameters()]
+        accessors = (
+            lambda: {k.removeprefix("lm."): v for k, v in model.gather_full_params(device).items()},
+            None,
+            lambda state: model.load_state_dict({"lm." + k: v for k, v in state.items()}),
+        )
+        finish = model.finish_gradient_synchronization
+    else:
+        shard_fsdp2(root, list(lm.layers), compute_dtype)
+        materialize(root, device, recipe.seed)
+        model, params, accessors, finish = root, list(root.parameters()), fsdp2_accessors(root), None
     checkpointed, checkpoint_info = blocks_to_checkpoint(
-        recipe, root, attention, batch_per_rank, device, compute_dtype
+        recipe, params, attention, batch_per_rank, device, compute_dtype
     )
     for block in list(lm.layers)[:checkpointed]:
         checkpoint_forward(block)
@@ -139,13 +175,13 @@ def build_optimized(
     use_triton = recipe.optimizer == "triton" or (recipe.optimizer == "auto" and device.type == "cuda")
     optimizer_cls = TritonAdamW if use_triton else torch.optim.AdamW
     extra = {} if use_triton else {"fused": device.type == "cuda"}
-    optimizer = optimizer_cls(
-        root.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay, **extra
-    )
+    optimizer = optimizer_cls(params, lr=recipe.learning_rate, weight_decay=recipe.weight_decay, **extra)
 
     def forward_backward(tokens: Tensor, targets: Tensor) -> Tensor:
-        loss = root(tokens, targets)
+        loss = model(tokens, targets)
         loss.backward()
+        if finish is not None:
+            finish()
         return loss.detach()
 
     def optimizer_step() -> None:
@@ -153,7 +189,7 @@ def build_optimized(
         optimizer.zero_grad(set_to_none=True)
 
     info = {
-        "sharding": "torch FSDP2 (fully_shard per block + root)",
+        "sharding": SHARDING_NAMES[recipe.sharding],
         **attention_info,
         "compiled_regions": recipe.compile_regions,
         "checkpointed_blocks": checkpointed,
@@ -162,4 +198,4 @@ def build_optimized(
         "optimizer": "Triton AdamW" if use_triton else f"torch.optim.AdamW(fused={extra['fused']})",
         "compute_dtype": str(compute_dtype),
     }
-    return Trainer("optimized", root, forward_backward, optimizer_step, info=info)
+    return Trainer("optimized", model, forward_backward, optimizer_step, *accessors, info=info)

@@ -43,6 +43,7 @@ class Recipe:
     attention: str = "auto"  # "auto" (fastest measured), "flashattn", "cudnn", "flash", "efficient", "math"
     fused_loss: bool = True  # fused LM head + cross-entropy; False: chunked F.cross_entropy as the baseline
     optimizer: str = "auto"  # "auto" (Triton on CUDA, torch elsewhere), "triton", "torch"
+    sharding: str = "fsdp2"  # "fsdp2" (torch fully_shard) or "ours" (parallel.FSDP)
     seed: int = 0
 
     def model_config(self) -> ModelConfig:
@@ -74,6 +75,8 @@ class Recipe:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if self.loss_chunk_tokens < 1:
             raise ValueError(f"loss_chunk_tokens must be >= 1, got {self.loss_chunk_tokens}")
+        if self.sharding not in SHARDING_CHOICES:
+            raise ValueError(f"sharding must be one of {SHARDING_CHOICES}, got {self.sharding!r}")
         if self.optimizer not in OPTIMIZER_CHOICES:
             raise ValueError(f"optimizer must be one of {OPTIMIZER_CHOICES}, got {self.optimizer!r}")
         if self.attention not in ATTENTION_CHOICES:
@@ -85,6 +88,7 @@ class Recipe:
 
 ATTENTION_CHOICES = ("auto", "flashattn", "cudnn", "flash", "efficient", "math")
 OPTIMIZER_CHOICES = ("auto", "triton", "torch")
+SHARDING_CHOICES = ("fsdp2", "ours")
 
 RECIPES: dict[str, Recipe] = {
     "leaderboard-8b": Recipe(
@@ -137,3 +141,9 @@ def ablation_steps(recipe: Recipe, device_type: str) -> list[tuple[str, bool, di
     step["attention"] = "auto"
     rows.append(("+ fastest attention kernel measured (flashattn Triton, cuDNN, flash)", False, dict(step)))
     return rows
+
+
+def ablation_alternatives(recipe: Recipe, device_type: str) -> list[tuple[str, bool, dict]]:
+    """Rows that swap one piece of the fully optimized step for an alternative (compared, not added)."""
+    full = ablation_steps(recipe, device_type)[-1][2]
+    return [("full step with our parallel.FSDP instead of torch FSDP2", False, {**full, "sharding": "ours"})]

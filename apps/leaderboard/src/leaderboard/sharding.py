@@ -66,3 +66,12 @@ def load_full_parameters(module: nn.Module, state: dict[str, Tensor], prefix: st
             param.copy_(distribute_tensor(full, param.device_mesh, param.placements))
         else:
             param.copy_(full)
+
+
+def fsdp2_accessors(root: nn.Module, prefix: str = "lm."):
+    """``(full_parameters, full_gradients, load_parameters)`` callables of a trainer over ``root``."""
+    return (
+        functools.partial(full_parameters, root, prefix),
+        functools.partial(full_gradients, root, prefix),
+        functools.partial(load_full_parameters, root, prefix=prefix),
+    )

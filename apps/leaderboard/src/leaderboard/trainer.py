@@ -2,8 +2,10 @@
 
 A ``Trainer`` holds a sharded model and its optimizer. ``forward_backward(tokens, targets)`` returns
 the local mean loss (gradients reduced across ranks when it returns); ``optimizer_step()`` updates
-the weights and clears the gradients. ``prefix`` is what the trainer's module names put in front of
-the reference model's parameter names.
+the weights and clears the gradients. ``full_parameters()`` / ``full_gradients()`` gather them whole
+(fp32, keyed by the reference model's parameter names; collectives: every rank calls them;
+``full_gradients`` is None where the sharding does not expose per-parameter gradients) and
+``load_parameters(state)`` sets the weights from such a dict.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ class Trainer:
     root: nn.Module
     forward_backward: Callable[[Tensor, Tensor], Tensor]
     optimizer_step: Callable[[], None]
-    prefix: str = "lm."
+    full_parameters: Callable[[], dict[str, Tensor]]
+    full_gradients: Callable[[], dict[str, Tensor]] | None
+    load_parameters: Callable[[dict[str, Tensor]], None]
     info: dict = field(default_factory=dict)
 
     def step(self, tokens: Tensor, targets: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from .attention import choose_attention
 from .baseline import build_baseline
 from .metrics import StepRecord, format_step, median_seconds, peak_memory_gib, throughput
 from .optimized import build_optimized
-from .recipes import Recipe, ablation_steps
+from .recipes import Recipe, ablation_alternatives, ablation_steps
 from .trainer import Trainer, random_batch
 
 
@@ -142,9 +142,11 @@ def run_ablation(
     log=print,
     on_row=None,
 ) -> dict:
-    """Run the rows of ``ablation_steps`` ("ends": only the first and the last); ``runs`` in row order.
+    """Run the rows of ``ablation_steps`` ("ends": only the first and the last), then the
+    ``ablation_alternatives``; returns ``runs`` in that row order.
 
-    The baseline and the fully optimized row run first, then the rows between, so a ``time_budget``
+    The baseline and the fully optimized row run first, then the rows between, then the alternatives,
+    so a ``time_budget``
     (seconds since launch, checked before each row against the last row's duration) drops intermediate
     rows first; dropped rows are recorded as skipped, a row that raises (e.g. out of memory) with its
     error, and the next row runs. ``on_row(runs)`` is called on rank 0 after every row (partial results).
@@ -153,7 +155,9 @@ def run_ablation(
     rows = ablation_steps(recipe, device.type)
     if mode == "ends":
         rows = [rows[0], rows[-1]]
-    order = [0, len(rows) - 1, *range(1, len(rows) - 1)] if len(rows) > 1 else [0]
+    last = len(rows) - 1
+    rows += ablation_alternatives(recipe, device.type)
+    order = [0, last, *range(1, last), *range(last + 1, len(rows))]
     runs: list[dict | None] = [None] * len(rows)
     last_row_seconds = 0.0
     for index in order:
@@ -179,4 +183,4 @@ def run_ablation(
         last_row_seconds = runs[index]["row_seconds"]
         if rank == 0 and on_row is not None:
             on_row([r for r in runs if r is not None])
-    return {"runs": runs}
+    return {"runs": runs, "headline": last}
