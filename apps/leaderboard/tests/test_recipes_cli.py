@@ -92,3 +92,17 @@ def test_write_json_replaces_atomically(tmp_path):
     write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert [p.name for p in path.parent.iterdir()] == ["result.json"]
+
+
+def test_checkpoint_count_is_the_fewest_that_fit():
+    from leaderboard.optimized import checkpoint_count
+
+    layers, state, inputs, extra, headroom = 34, 65 * GIB, GIB // 4, 4 * GIB, 16 * GIB
+    count = checkpoint_count(layers, 140 * GIB, state, inputs, extra, headroom)
+
+    def used(checkpointed):
+        return state + layers * inputs + extra + headroom + (layers - checkpointed) * extra
+
+    assert used(count) <= 140 * GIB < used(count - 1)
+    assert checkpoint_count(layers, 10_000 * GIB, state, inputs, extra, headroom) == 0
+    assert checkpoint_count(layers, 50 * GIB, state, inputs, extra, headroom) == layers

@@ -92,6 +92,25 @@ def saved_activation_bytes(
     return max(saved, 0)
 
 
+def checkpoint_count(
+    layers: int,
+    device_bytes: int,
+    state_bytes: int,
+    input_bytes: int,
+    extra_per_kept: int,
+    headroom_bytes: int,
+) -> int:
+    """Fewest of ``layers`` blocks to checkpoint so the step fits in ``device_bytes``.
+
+    Fixed cost: the optimizer-side state (``state_bytes``: fp32 params, grads and two AdamW moments),
+    every block's input, one checkpointed block's activations rebuilt during backward and the headroom
+    (gathered weights, gradient buffers, loss chunks); each kept block adds ``extra_per_kept``.
+    """
+    fixed = state_bytes + layers * input_bytes + extra_per_kept + headroom_bytes
+    keep = (device_bytes - fixed) // max(extra_per_kept, 1)
+    return int(min(layers, max(0, layers - keep)))
+
+
 def blocks_to_checkpoint(
     recipe: Recipe, params: list[Tensor], attention, batch: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[int, dict]:
@@ -107,12 +126,9 @@ def blocks_to_checkpoint(
     input_bytes = batch * cfg.context_length * cfg.d_model * torch.finfo(dtype).bits // 8
     shard_bytes = sum(_local(p).numel() * 4 for p in params)
     total = torch.cuda.get_device_properties(device).total_memory
-    # Fixed: fp32 params, grads and two AdamW moments (4x the shards), the inputs of all blocks, one
-    # checkpointed block's activations rebuilt during backward, and the recipe's headroom for gathered
-    # weights, gradient buffers and the loss chunks.
-    fixed = 4 * shard_bytes + layers * input_bytes + extra_per_kept + recipe.memory_headroom_gib * GIB
-    keep = int((total - fixed) // max(extra_per_kept, 1))
-    count = min(layers, max(0, layers - keep))
+    count = checkpoint_count(
+        layers, total, 4 * shard_bytes, input_bytes, extra_per_kept, int(recipe.memory_headroom_gib * GIB)
+    )
     return count, {
         "checkpoint_rule": "auto",
         "saved_activation_gib_per_block": (extra_per_kept + input_bytes) / GIB,

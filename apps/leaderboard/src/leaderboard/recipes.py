@@ -91,8 +91,15 @@ OPTIMIZER_CHOICES = ("auto", "triton", "torch")
 SHARDING_CHOICES = ("fsdp2", "ours")
 
 RECIPES: dict[str, Recipe] = {
+    # headroom: the root unit's gathered embedding + head (2.5 GB bf16), their gradients and fp32 reduction
+    # buffers (7.5 GB), one fp32 loss chunk of 4096 x 151 936 (2.5 GB) and its softmax temporaries.
     "leaderboard-8b": Recipe(
-        "leaderboard-8b", "leaderboard-8b", context_length=32_768, batch_size=2, steps=4
+        "leaderboard-8b",
+        "leaderboard-8b",
+        context_length=32_768,
+        batch_size=2,
+        steps=4,
+        memory_headroom_gib=16.0,
     ),
     "large-8k": Recipe("large-8k", "large", context_length=8192, batch_size=2, steps=5),
     "tiny": Recipe(
