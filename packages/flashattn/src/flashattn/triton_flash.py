@@ -12,10 +12,11 @@ Limits, so that nobody learns them from a crash:
 - tile shapes come from a short table per head dim and dtype (:func:`configs_for`), measured with
   ``python -m flashattn.tune``; tests pin them with :func:`pinned_configs`.
 
-Layout of the file: the forward inner loop and kernel, the backward kernels (``D = rowsum(O * dO)``; ``dK,
-dV``
-looping over query tiles; ``dQ`` looping over key tiles), the launchers, the ``autograd.Function``.
-Scores are kept in base-2 units: ``log2(e) / sqrt(d)`` is folded into one scale so the softmax uses ``exp2``.
+Layout of the file: the forward inner loop and kernel, the backward kernels (``D = rowsum(O * dO)``;
+``dK, dV`` looping over query tiles; ``dQ`` looping over key tiles), the launchers, the ``autograd.Function``.
+Lengths and head counts are not specialised on (``do_not_specialize``), so one compiled kernel per
+(head dim, dtype, causal, tile shape) serves every length. Scores are kept in base-2 units: ``log2(e) /
+sqrt(d)`` is folded into one scale so the softmax uses ``exp2``.
 """
 
 import contextlib
@@ -68,7 +69,7 @@ def _fwd_inner(
     return acc, row_sum, row_max
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads", "seq_q", "seq_k"])
 def _fwd_kernel(
     Q, K, V, OUT, LSE,
     stride_qb, stride_qh, stride_qs, stride_qd,
@@ -119,7 +120,7 @@ def _fwd_kernel(
     tl.store(LSE + bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads", "seq_q"])
 def _bwd_delta_kernel(
     OUT, DO, DELTA,
     stride_ob, stride_oh, stride_os, stride_od,
@@ -181,7 +182,7 @@ def _bwd_dkdv_inner(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads", "seq_q", "seq_k"])
 def _bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     stride_qb, stride_qh, stride_qs, stride_qd,
@@ -281,7 +282,7 @@ def _bwd_dq_inner(
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_heads", "seq_q", "seq_k"])
 def _bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     stride_qb, stride_qh, stride_qs, stride_qd,

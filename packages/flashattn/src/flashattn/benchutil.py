@@ -1,0 +1,85 @@
+"""Helpers shared by the benchmark commands: the attention implementations under test, timing, result
+files."""
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashattn.plain import naive_attention
+from flashattn.triton_flash import FlashAttention2Triton
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_SDPA_BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def _sdpa(backend: SDPBackend) -> AttentionFn:
+    def attend(q, k, v, is_causal):
+        with sdpa_kernel(backend):  # the backward follows the backend chosen in forward
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    return attend
+
+
+IMPLEMENTATIONS: dict[str, AttentionFn] = {
+    "ours": FlashAttention2Triton.apply,
+    "naive": naive_attention,
+    **{name: _sdpa(backend) for name, backend in _SDPA_BACKENDS.items()},
+}
+
+
+def time_passes(fn: AttentionFn, q, k, v, causal: bool, warmup_ms: float, rep_ms: float) -> dict[str, float]:
+    """Median milliseconds of forward, backward alone and forward+backward (``triton.testing.do_bench``)."""
+    from triton.testing import do_bench
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    do = torch.randn_like(q)
+
+    def bench(f):
+        return do_bench(f, warmup=warmup_ms, rep=rep_ms, grad_to_none=leaves, return_mode="median")
+
+    with torch.no_grad():
+        fwd = bench(lambda: fn(*leaves, causal))
+    bwd = bench(_backward_only(fn(*leaves, causal), do))
+    both = bench(lambda: fn(*leaves, causal).backward(do))
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": both}
+
+
+def _backward_only(o: torch.Tensor, do: torch.Tensor) -> Callable[[], None]:
+    return lambda: o.backward(do, retain_graph=True)
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    """Measured bf16 ``n^3`` matmul rate (TFLOP/s), the ceiling the attention numbers are read against."""
+    from triton.testing import do_bench
+
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    return 2 * n**3 / ms / 1e9
+
+
+def environment() -> dict[str, str]:
+    """Device and versions, written beside every result."""
+    import triton
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"device": name, "torch": torch.__version__, "triton": triton.__version__,
+            "cudnn": str(torch.backends.cudnn.version())}  # fmt: skip
+
+
+def write_table(df: pd.DataFrame, out_dir: Path, stem: str, floatfmt: str = ".3g") -> None:
+    """Write ``stem.csv`` and ``stem.md`` under ``out_dir``, each through a temporary name and a rename."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for suffix, text in (
+        (".csv", df.to_csv(index=False)),
+        (".md", df.to_markdown(index=False, floatfmt=floatfmt)),
+    ):
+        final = out_dir / f"{stem}{suffix}"
+        tmp = final.with_suffix(suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, final)

@@ -1,0 +1,108 @@
+"""Time candidate tile shapes of each Triton kernel (forward, dK/dV, dQ) at one attention shape.
+
+The table in :mod:`flashattn.triton_flash` comes from this command: the candidates are a short list of
+shapes known
+to suit Hopper (128-query forward tiles; 8 warps once the fp32 accumulator is 128 wide; 2-4 pipeline
+stages), and
+each kernel is timed alone with ``triton.testing.do_bench`` (median), next to SDPA's flash and cuDNN backends.
+Candidates are compiled in parallel first (:mod:`flashattn.precompile`).
+
+Usage: ``python -m flashattn.tune --seq 16384 --heads 32 --head-dim 128 --dtype bf16 --out results/``.
+"""
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from triton.testing import do_bench
+
+from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, environment, time_passes, write_table
+from flashattn.precompile import precompile
+from flashattn.triton_flash import (
+    KernelConfigs,
+    TileConfig,
+    launch_delta,
+    launch_dkdv,
+    launch_dq,
+    launch_forward,
+)
+
+T = TileConfig
+CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
+    "forward": [T(128, 64, 8, 3), T(128, 64, 8, 4), T(128, 128, 8, 3), T(128, 128, 8, 2), T(128, 64, 4, 3),
+                T(64, 64, 4, 4)],
+    "dkdv": [T(64, 128, 8, 3), T(32, 128, 4, 3), T(64, 128, 8, 2), T(32, 128, 8, 4), T(64, 64, 4, 3),
+             T(128, 128, 8, 2)],
+    "dq": [T(128, 64, 8, 3), T(128, 32, 4, 3), T(64, 64, 4, 3), T(128, 64, 8, 2), T(128, 128, 8, 2),
+           T(64, 128, 8, 3)],
+}  # fmt: skip
+
+
+def _time(fn, rep_ms: float) -> float:
+    try:
+        return do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
+    except Exception as exc:  # shapes that exceed shared memory or registers are reported as failed
+        print(f"  failed: {type(exc).__name__}: {str(exc)[:100]}")
+        return math.nan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seq", type=int, default=16384, help="sequence length (queries = keys)")
+    parser.add_argument("--heads", type=int, default=32, help="attention heads (batch is 1)")
+    parser.add_argument("--head-dim", type=int, default=128, help="head dimension")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype")
+    parser.add_argument("--non-causal", action="store_true", help="tune the non-causal kernels instead")
+    parser.add_argument(
+        "--rep-ms", type=float, default=60.0, help="do_bench repetition time per candidate (ms)"
+    )
+    parser.add_argument("--jobs", type=int, default=12, help="parallel compile processes")
+    parser.add_argument("--out", type=Path, default=Path("flashattn-tune"), help="folder for tune.csv/.md")
+    args = parser.parse_args()
+
+    from analysis.accounting import attention_flops
+
+    causal, dtype = not args.non_causal, DTYPES[args.dtype]
+    count = max(len(c) for c in CANDIDATES.values())
+    pick = [KernelConfigs(*(c[min(i, len(c) - 1)] for c in CANDIDATES.values())) for i in range(count)]
+    start = time.perf_counter()
+    precompile([(args.head_dim, args.dtype, causal, cfg) for cfg in pick], args.jobs)
+    print(f"compiled {count} candidate sets in {time.perf_counter() - start:.1f} s", flush=True)
+
+    shape = (1, args.heads, args.seq, args.head_dim)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
+    fwd_flops = attention_flops(1, args.heads, args.seq, args.seq, args.head_dim, causal=causal)
+    o, lse = launch_forward(q, k, v, causal, CANDIDATES["forward"][0])
+    delta = launch_delta(o, do)
+    runs = {
+        "forward": lambda cfg: launch_forward(q, k, v, causal, cfg),
+        "dkdv": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, causal, cfg),
+        "dq": lambda cfg: launch_dq(q, k, v, do, lse, delta, causal, cfg),
+    }
+    rows = []
+    for kernel, candidates in CANDIDATES.items():
+        for cfg in candidates:
+            ms = _time(lambda run=runs[kernel], cfg=cfg: run(cfg), args.rep_ms)
+            rows.append({"kernel": kernel, **cfg._asdict(), "ms": ms})
+            print(f"{kernel:8s} {tuple(cfg)}: {ms:.3f} ms", flush=True)
+    for name in ("sdpa_flash", "sdpa_cudnn"):
+        times = time_passes(IMPLEMENTATIONS[name], q, k, v, causal, 10, args.rep_ms)
+        rows += [{"kernel": f"{name} {p}", "ms": ms} for p, ms in times.items()]
+    df = pd.DataFrame(rows)
+    df["TFLOP/s (fwd FLOPs for forward, bwd FLOPs for dkdv+dq)"] = [
+        fwd_flops / ms / 1e9 if r.startswith(("forward", "sdpa_flash fwd", "sdpa_cudnn fwd")) else math.nan
+        for r, ms in zip(df["kernel"], df["ms"], strict=True)
+    ]
+    env = environment()
+    print(f"{env} shape {shape} {args.dtype} causal={causal}")
+    print(df.to_markdown(index=False, floatfmt=".3f"))
+    write_table(df, args.out, "tune")
+
+
+if __name__ == "__main__":
+    main()
