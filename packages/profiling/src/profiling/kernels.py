@@ -1,0 +1,168 @@
+"""Kernel tables per named range, from ``torch.profiler`` (no Nsight Systems needed).
+
+``python -m profiling.kernels --preset small --contexts 256,1024 --modes forward,train`` profiles a few
+steps of each configuration and writes, for every range (``forward``, ``backward``, ``optimizer_step``,
+``block`` (all blocks together), ``attention.scores`` / ``.softmax`` / ``.weighted_sum``), the CUDA
+kernels by total GPU time with calls and share per step, plus a summary of each range.
+
+A kernel belongs to a range when the CPU operator that launched it started inside the range's CPU
+interval; this covers the autograd threads too, which run the backward while the main thread waits in
+the ``backward`` range. Ranges nest, so a kernel counts in ``forward``, ``block`` and ``attention.*``
+at once. Limits: backward is one range (no per-block split); kernels launched outside any range (none
+in our steps) are listed under ``(outside ranges)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from . import ranges
+from .tables import write_table
+from .timing import summarize, synchronize, time_steps
+from .workload import MODES, Workload, resolve_config
+
+MATMUL_KERNEL = re.compile(r"gemm|cutlass|xmma|nvjet|wgmma|cublas|matmul|_mma|^aten::(mm|bmm|addmm)$",
+                           re.IGNORECASE)
+OUTSIDE = "(outside ranges)"
+
+
+def is_matmul(kernel_name: str) -> bool:
+    """True for cuBLAS / CUTLASS matrix-multiply kernels (by name)."""
+    return bool(MATMUL_KERNEL.search(kernel_name))
+
+
+def range_family(name: str) -> str:
+    """``block[7]`` -> ``block``; other names unchanged."""
+    return re.sub(r"\[\d+\]$", "", name)
+
+
+def profile_steps(workload: Workload, steps: int = 3, warmup: int = 2) -> tuple[list, float]:
+    """Profile ``steps`` steps after ``warmup``; returns the profiler's events and the synced mean ms
+    of the same number of unprofiled steps (the Python timer)."""
+    if not ranges.enabled():
+        raise RuntimeError("kernel tables need the ranges on (profiling.ranges.set_enabled(True))")
+    timer_ms = summarize(time_steps(workload.step, warmup, steps, workload.device))["mean_ms"]
+    activities = [ProfilerActivity.CPU]
+    if torch.device(workload.device).type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            workload.step()
+            synchronize(workload.device)
+    return list(prof.events()), timer_ms
+
+
+def attribute_kernels(events: list, steps: int, range_names: set[str] | None = None) -> pd.DataFrame:
+    """Long table: ``range, kernel, calls_per_step, ms_per_step`` from profiler ``events``.
+
+    ``range_names`` are the range families to use (default: every family this package opens).
+    On a CPU-only run each operator's own CPU time stands in for a kernel.
+    """
+    families = range_names or {"forward", "backward", "optimizer_step", "block",
+                               "attention.scores", "attention.softmax", "attention.weighted_sum"}
+    spans = [(e.time_range.start, e.time_range.end, range_family(e.name))
+             for e in events if range_family(e.name) in families]
+    launches = []
+    for e in events:
+        if getattr(e, "kernels", None):
+            launches.extend((e.time_range.start, k.name, k.duration) for k in e.kernels)
+    if not any(getattr(e, "kernels", None) for e in events):  # CPU only: leaf operators as "kernels"
+        launches = [(e.time_range.start, e.name, e.self_cpu_time_total) for e in events
+                    if e.name.startswith("aten::") and not e.cpu_children]
+    records: dict[tuple[str, str], list[float]] = {}
+    for start, name, duration_us in launches:
+        owners = {family for lo, hi, family in spans if lo <= start <= hi} or {OUTSIDE}
+        for family in owners:
+            rec = records.setdefault((family, name), [0, 0.0])
+            rec[0] += 1
+            rec[1] += duration_us
+    rows = [{"range": r, "kernel": k, "calls_per_step": c / steps, "ms_per_step": us / steps / 1e3}
+            for (r, k), (c, us) in records.items()]
+    df = pd.DataFrame(rows, columns=["range", "kernel", "calls_per_step", "ms_per_step"])
+    if df.empty:
+        return df
+    df["share_pct"] = 100 * df["ms_per_step"] / df.groupby("range")["ms_per_step"].transform("sum")
+    df["matmul"] = df["kernel"].map(is_matmul)
+    return df.sort_values(["range", "ms_per_step"], ascending=[True, False], ignore_index=True)
+
+
+def summarize_ranges(kernels: pd.DataFrame) -> pd.DataFrame:
+    """One row per range: GPU ms per step, kernel count, top kernel and its share, matmul share."""
+    rows = []
+    for name, group in kernels.groupby("range", sort=False):
+        total = group["ms_per_step"].sum()
+        top = group.iloc[0]
+        matmul_ms = group.loc[group["matmul"], "ms_per_step"].sum()
+        rows.append({
+            "range": name, "gpu_ms_per_step": total,
+            "kernel_launches_per_step": group["calls_per_step"].sum(),
+            "top_kernel": top["kernel"], "top_calls_per_step": top["calls_per_step"],
+            "top_share_pct": top["share_pct"],
+            "matmul_share_pct": 100 * matmul_ms / total if total else 0.0,
+        })
+    return pd.DataFrame(rows)
+
+
+def short_names(df: pd.DataFrame, width: int = 80) -> pd.DataFrame:
+    """Truncate kernel names for Markdown tables."""
+    out = df.copy()
+    for col in ("kernel", "top_kernel"):
+        if col in out:
+            out[col] = out[col].map(lambda s: s if len(s) <= width else s[: width - 1] + "…")
+    return out
+
+
+def profile_config(preset: str, context: int, mode: str, dtype: str, steps: int, warmup: int,
+                   device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Kernel table and range summary of one configuration (columns tagged with it)."""
+    config = resolve_config(preset, context_length=context)
+    workload = Workload(config, mode, dtype, device=device)
+    try:
+        events, timer_ms = profile_steps(workload, steps, warmup)
+    finally:
+        workload.close()
+    kernels = attribute_kernels(events, steps)
+    summary = summarize_ranges(kernels)
+    tag = {"size": preset, "context": context, "mode": mode, "dtype": dtype}
+    summary.insert(0, "python_timer_step_ms", timer_ms)
+    for df in (kernels, summary):
+        for i, (k, v) in enumerate(tag.items()):
+            df.insert(i, k, v)
+    return kernels, summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m profiling.kernels", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="small", help="comma-separated presets (default small)")
+    p.add_argument("--contexts", default="512", help="comma-separated context lengths (default 512)")
+    p.add_argument("--modes", default="forward,train", help=f"comma-separated, from {MODES}")
+    p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (autocast); default fp32")
+    p.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
+    p.add_argument("--warmup", type=int, default=2, help="unprofiled warm-up steps (default 2)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--out", default="results", help="output folder (default results)")
+    p.add_argument("--name", default="kernels", help="file stem: <name>.csv/.md and <name>-summary.csv/.md")
+    args = p.parse_args(argv)
+    all_kernels, all_summaries = [], []
+    for size in args.sizes.split(","):
+        for context in (int(c) for c in args.contexts.split(",")):
+            for mode in args.modes.split(","):
+                kernels, summary = profile_config(size, context, mode, args.dtype, args.steps, args.warmup,
+                                                  args.device)
+                all_kernels.append(kernels)
+                all_summaries.append(summary)
+                print(short_names(summary).to_markdown(index=False, floatfmt=".3g"))
+    kernels, summary = pd.concat(all_kernels), pd.concat(all_summaries)
+    out = Path(args.out)
+    write_table(short_names(kernels, 120), out / args.name)
+    write_table(short_names(summary, 120), out / f"{args.name}-summary")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Step timing: wall-clock time of each step, synchronized, and the cost of the timing itself.
+
+Every measured step is followed by ``torch.cuda.synchronize()`` and timed with
+``timeit.default_timer``, so a step's time includes all its GPU work and nothing queued after it.
+Synchronizing stops the CPU from queueing the next step early; :func:`sync_overhead` measures what
+that costs by timing the same steps back to back with a single synchronization at the end.
+"""
+
+from __future__ import annotations
+
+import statistics
+import timeit
+from collections.abc import Callable
+
+import torch
+
+from . import ranges
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device | str) -> list[float]:
+    """Run ``warmup`` untimed then ``steps`` timed calls of ``step``; seconds of each timed call."""
+    if warmup < 0 or steps < 1:
+        raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
+    for _ in range(warmup):
+        step()
+        synchronize(device)
+    times = []
+    for _ in range(steps):
+        start = timeit.default_timer()
+        step()
+        synchronize(device)
+        times.append(timeit.default_timer() - start)
+    return times
+
+
+def summarize(times: list[float]) -> dict[str, float]:
+    """Mean, standard deviation (sample), min and max in milliseconds."""
+    ms = [t * 1e3 for t in times]
+    return {
+        "mean_ms": statistics.fmean(ms),
+        "std_ms": statistics.stdev(ms) if len(ms) > 1 else 0.0,
+        "min_ms": min(ms),
+        "max_ms": max(ms),
+    }
+
+
+def sync_overhead(step: Callable[[], None], steps: int, device: torch.device | str) -> dict[str, float]:
+    """Per-step cost of timing each step separately (synchronize + timer) against one timed batch.
+
+    Returns ``per_step_synced_ms``, ``back_to_back_ms`` and ``overhead_pct`` (their relative
+    difference, which may be slightly negative from noise).
+    """
+    step()
+    synchronize(device)
+    synced = statistics.fmean(time_steps(step, 0, steps, device))
+    start = timeit.default_timer()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    back_to_back = (timeit.default_timer() - start) / steps
+    return {
+        "per_step_synced_ms": synced * 1e3,
+        "back_to_back_ms": back_to_back * 1e3,
+        "overhead_pct": 100 * (synced - back_to_back) / back_to_back,
+    }
+
+
+def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
+    """Mean step time with the NVTX ranges on and off, alternating ``rounds`` times to cancel drift."""
+    was_on = ranges.enabled()
+    on, off = [], []
+    try:
+        for _ in range(rounds):
+            for flag, bucket in ((True, on), (False, off)):
+                ranges.set_enabled(flag)
+                bucket.extend(time_steps(step, 1, steps, device))
+    finally:
+        ranges.set_enabled(was_on)
+    on_ms, off_ms = statistics.fmean(on) * 1e3, statistics.fmean(off) * 1e3
+    return {"ranges_on_ms": on_ms, "ranges_off_ms": off_ms, "overhead_pct": 100 * (on_ms - off_ms) / off_ms}

@@ -1,0 +1,101 @@
+import pandas as pd
+import pytest
+import torch
+from profiling import bench, workload
+from profiling.timing import sync_overhead, time_steps
+from profiling.workload import MODES, resolve_config
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_each_mode_runs_and_reports(tiny, mode, dtype):
+    row = bench.run_config(tiny, mode, dtype, warmup=1, steps=2, device="cpu")
+    assert row["status"] == "ok"
+    assert len(row["step_ms"]) == 2 and row["mean_ms"] > 0
+    assert row["min_ms"] <= row["mean_ms"] <= row["max_ms"]
+    expected = bench.step_flops(tiny, mode) / (row["mean_ms"] * 1e-3) / 1e12
+    assert row["tflops"] == pytest.approx(expected)
+
+
+def test_train_step_changes_parameters_and_drops_gradients(tiny):
+    w = workload.Workload(tiny, "train", device="cpu")
+    before = [p.detach().clone() for p in w.base_model.parameters()]
+    w.step()
+    assert all(p.grad is None for p in w.base_model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(before, w.base_model.parameters(), strict=True))
+
+
+def test_forward_mode_builds_no_graph(tiny):
+    w = workload.Workload(tiny, "forward", device="cpu")
+    w.step()
+    assert all(p.grad is None for p in w.base_model.parameters())
+
+
+def test_cli_single_run_prints_table(capsys):
+    df = bench.run_cli(["--preset", "tiny", "--context", "19", "--batch", "2", "--mode", "forward-backward",
+                     "--warmup", "0", "--steps", "2", "--device", "cpu", "--checkpoint", "block"])
+    assert df.loc[0, "status"] == "ok" and df.loc[0, "context"] == 19 and df.loc[0, "checkpoint"] == "block"
+    assert "forward-backward" in capsys.readouterr().out
+
+
+def test_simulated_oom_is_reported_not_raised(tiny, monkeypatch):
+    def boom(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(workload.Workload, "step", boom)
+    row = bench.run_config(tiny, "train", warmup=0, steps=1, device="cpu")
+    assert row["status"] == "OOM" and "mean_ms" not in row
+
+
+def test_other_errors_propagate(tiny, monkeypatch):
+    def broken(self):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(workload.Workload, "step", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        bench.run_config(tiny, "train", warmup=0, steps=1, device="cpu")
+
+
+def test_sweep_marks_oom_and_implied_cells_and_writes_tables(tmp_path, tiny):
+    calls = []
+
+    def fake_run(config, mode, dtype, compile, **kwargs):
+        calls.append((config.d_model, mode, dtype))
+        if config.d_model == 96 and mode == "forward-backward":
+            return {"context": config.context_length, "mode": mode, "dtype": dtype, "compile": compile,
+                    "status": "OOM"}
+        return {"context": config.context_length, "mode": mode, "dtype": dtype, "compile": compile,
+                "status": "ok", "mean_ms": 1.0, "std_ms": 0.1, "tflops": 2.0, "step_ms": [1.0]}
+
+    configs = [("a", tiny), ("b", tiny.with_(d_model=96))]
+    df = bench.sweep(configs, MODES, ["fp32"], [False], tmp_path / "t", run=fake_run)
+    status = dict(zip(zip(df["size"], df["mode"], strict=True), df["status"], strict=True))
+    assert status[("a", "train")] == "ok"
+    assert status[("b", "forward-backward")] == "OOM"
+    assert status[("b", "train")] == "OOM (implied)"
+    assert (96, "train", "fp32") not in calls
+    written = pd.read_csv(tmp_path / "t.csv")
+    assert list(written["status"]) == list(df["status"]) and "step_ms" not in written
+    assert "OOM (implied)" in (tmp_path / "t.md").read_text()
+
+
+def test_sweep_time_budget_skips(tmp_path, tiny):
+    df = bench.sweep([("a", tiny)], MODES, ["fp32"], [False], tmp_path / "t", max_seconds=-1.0,
+                     run=lambda *a, **k: pytest.fail("must not run"))
+    assert set(df["status"]) == {"skipped (time budget)"}
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="context_length"):
+        resolve_config("tiny", context_length=0)
+    with pytest.raises(ValueError, match="steps"):
+        time_steps(lambda: None, 0, 0, "cpu")
+    with pytest.raises(ValueError, match="mode"):
+        workload.Workload(resolve_config("tiny"), "sideways", device="cpu")
+    with pytest.raises(ValueError, match="attention"):
+        workload.attention_function("sparse")
+
+
+def test_sync_overhead_reports_both_timings():
+    result = sync_overhead(lambda: sum(range(1000)), 5, "cpu")
+    assert result["per_step_synced_ms"] > 0 and result["back_to_back_ms"] > 0
