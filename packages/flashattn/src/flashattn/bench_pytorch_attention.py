@@ -97,6 +97,7 @@ def main() -> None:
         times = f"fwd {row['fwd ms']:.3f} ms, bwd {row['bwd ms']:.3f} ms"
         print(f"[{took:.0f}s] {name} d={head_dim} seq={seq}: {times}, {row['mem before bwd GiB']:.2f} GiB "
               f"{row['status']}", flush=True)  # fmt: skip
+        write_table(pd.DataFrame(rows), args.out, "pytorch_attention")  # kept current if the run is cut short
     df = pd.DataFrame(rows)
     seq = max(args.seqs)
     while PEAK_SCORE_TENSORS * args.batch * seq * seq * dtype.itemsize < total:
@@ -104,7 +105,6 @@ def main() -> None:
     print(
         f"\nby the analytic count, batch {args.batch} first runs out of {total / 2**30:.0f} GiB at seq {seq}"
     )
-    write_table(df, args.out, "pytorch_attention")
     print(df.to_markdown(index=False, floatfmt=".3f"))
 
 
