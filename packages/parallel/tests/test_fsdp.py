@@ -267,7 +267,7 @@ def test_worker_sees_group():
 
 
 # ----------------------------------------------------------------------------------------------- GPU (NCCL)
-def _train_fsdp_cuda(rank, world_size, steps, compute_dtype, units, wrap_checkpoint, prefetch, layers):
+def _train_fsdp_cuda(compute_dtype, units, wrap_checkpoint, prefetch, steps=5, layers=6):
     torch.manual_seed(0)
     model = BasicsTransformerLM(**{**CONFIG, "num_layers": layers, "d_model": 96, "d_ff": 264})
     if wrap_checkpoint:
@@ -276,13 +276,20 @@ def _train_fsdp_cuda(rank, world_size, steps, compute_dtype, units, wrap_checkpo
                 measure_gathers=True)
     opt = torch.optim.SGD(fsdp.parameters(), lr=0.5, momentum=0.9)
     for step in range(steps):
-        x, y = (t.cuda() for t in _batch(step, rank))
+        x, y = (t.cuda() for t in _batch(step, dist.get_rank()))
         cross_entropy(fsdp(x), y).backward()
         fsdp.finish_gradient_synchronization()
         opt.step()
         opt.zero_grad()
-    slack = fsdp.gather_slack()
-    return {n: t.numpy() for n, t in fsdp.gather_full_params().items()}, len(slack)
+    timed = len(fsdp.gather_slack())
+    return {n: t.numpy() for n, t in fsdp.gather_full_params().items()}, timed
+
+
+def _prefetch_variants(rank, world_size, compute_dtype):
+    eager = _train_fsdp_cuda(compute_dtype, (TransformerBlock,), True, prefetch=0)
+    ahead = _train_fsdp_cuda(compute_dtype, (TransformerBlock,), True, prefetch=2)
+    per_layer = _train_fsdp_cuda(compute_dtype, (), False, prefetch=2)
+    return eager, ahead, per_layer
 
 
 @pytest.mark.gpu
@@ -291,10 +298,7 @@ def test_cuda_streams_prefetch_changes_no_result(compute_dtype):
     """Prefetching on the side stream computes exactly what on-demand gathering does (no stream race)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    args = (5, compute_dtype, (TransformerBlock,), True)
-    eager = spawn(_train_fsdp_cuda, 2, *args, 0, 6, backend="nccl", timeout=300)[0]
-    ahead = spawn(_train_fsdp_cuda, 2, *args, 2, 6, backend="nccl", timeout=300)[0]
-    per_layer = spawn(_train_fsdp_cuda, 2, 5, compute_dtype, (), False, 2, 6, backend="nccl", timeout=300)[0]
+    eager, ahead, per_layer = spawn(_prefetch_variants, 2, compute_dtype, backend="nccl", timeout=300)[0]
     assert ahead[1] > 0  # gathers were timed
     for name, value in eager[0].items():
         assert (value == ahead[0][name]).all(), name

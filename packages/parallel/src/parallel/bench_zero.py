@@ -1,0 +1,181 @@
+"""Memory and step time of data-parallel training with and without ZeRO-1 optimizer-state sharding.
+
+    python -m parallel.bench_zero --preset xl --out docs
+
+Each rank builds the preset in fp32 (``cs336_basics``, SDPA attention), wraps it in torch's
+``DistributedDataParallel(gradient_as_bucket_view=True)`` (so gradients live in its buckets, one copy) and
+trains with ``torch.optim.AdamW`` either plainly (``unsharded``) or through ``parallel.ShardedOptimizer``
+(``zero1``), on a fixed random batch of ``--batch-size`` sequences of the preset's context per GPU.
+
+Memory (``torch.cuda`` allocator, per rank, GiB): allocated after model creation; allocated and peak just
+before the optimizer step (after backward) and just after it, in the last timed step; and the bytes of
+parameters, gradients and optimizer state counted from the tensors themselves, each set against the analytic
+figure of ``analysis.accounting`` (fp32 weights and gradients, 8 bytes of AdamW state per parameter, split
+1/N under ZeRO-1). Step time: CUDA events around forward, backward, optimizer step and parameter broadcast,
+median over ``--steps`` timed steps of the slower rank; ``vs_unsharded`` is the ratio.
+
+Writes ``zero.csv`` and ``zero.md`` into ``--out``. Needs 2+ CUDA GPUs (NCCL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from parallel.launch import spawn
+from parallel.report import environment, markdown_table, write_csv, write_text
+from parallel.zero import ShardedOptimizer
+
+GIB = 2**30
+MODES = ("unsharded", "zero1")
+
+
+def sdpa(q, k, v, is_causal):
+    """PyTorch's fused attention on ``(batch, heads, seq, head_dim)``."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+def random_batch(config, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets ``(batch, context)``, different on every rank."""
+    gen = torch.Generator(device).manual_seed(torch.distributed.get_rank())
+    shape = (batch, config.context_length + 1)
+    ids = torch.randint(0, config.vocab_size, shape, device=device, generator=gen)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def _tensor_bytes(tensors) -> int:
+    """Bytes of distinct storages among ``tensors`` (gradient bucket views are counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> dict:
+    from cs336_basics.nn_utils import cross_entropy
+    from cs336_basics.presets import build_model, get_preset
+
+    config = get_preset(preset)
+    device = torch.device("cuda", torch.cuda.current_device())
+    gc.collect()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.manual_seed(0)
+    model = build_model(config, device=device, attention_fn=sdpa)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index],
+                                                    gradient_as_bucket_view=True)
+    after_model = torch.cuda.memory_allocated() - base
+    if mode == "zero1":
+        optimizer = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-5)
+    else:
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-5)
+    x, y = random_batch(config, batch, device)
+    times, memory = [], {}
+    for step in range(warmup + steps):
+        torch.cuda.reset_peak_memory_stats()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        cross_entropy(ddp(x), y).backward()
+        torch.cuda.synchronize()
+        memory["before_step_alloc"] = torch.cuda.memory_allocated() - base
+        memory["before_step_peak"] = torch.cuda.max_memory_allocated() - base
+        torch.cuda.reset_peak_memory_stats()
+        optimizer.step()
+        end.record()
+        torch.cuda.synchronize()
+        memory["after_step_alloc"] = torch.cuda.memory_allocated() - base
+        memory["after_step_peak"] = torch.cuda.max_memory_allocated() - base
+        if step == warmup + steps - 1:  # count the state while gradients still exist
+            params = list(ddp.parameters())
+            memory["params"] = _tensor_bytes(params)
+            memory["grads"] = _tensor_bytes([p.grad for p in params if p.grad is not None])
+            state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+            memory["optimizer_state"] = _tensor_bytes([v for v in state if v.dim() > 0])
+        optimizer.zero_grad(set_to_none=False)
+        if step >= warmup:
+            times.append(start.elapsed_time(end))
+    del ddp, model, optimizer
+    gc.collect()
+    torch.cuda.empty_cache()
+    return dict(mode=mode, after_model=after_model, times=times, **memory)
+
+
+def _worker(rank: int, world_size: int, preset: str, batch: int, warmup: int, steps: int) -> list[dict]:
+    results = []
+    for mode in MODES:
+        result = _run_mode(mode, preset, batch, warmup, steps)
+        if rank == 0:
+            print(f"  {mode}: {statistics.median(result['times']):.0f} ms/step, optimizer state "
+                  f"{result['optimizer_state'] / GIB:.2f} GiB on rank 0", flush=True)
+        results.append(result)
+    return results
+
+
+def _table(preset: str, world_size: int, per_rank: list[list[dict]]) -> pd.DataFrame:
+    from analysis.accounting import memory_breakdown, sharded_optimizer_state_bytes
+    from cs336_basics.presets import get_preset
+
+    config = get_preset(preset)
+    expected = memory_breakdown(config, 1, config.context_length)
+    rows = []
+    for i, mode in enumerate(MODES):
+        step_ms = statistics.median(max(ts) for ts in zip(*(r[i]["times"] for r in per_rank), strict=True))
+        expected_state = (sharded_optimizer_state_bytes(config, world_size) if mode == "zero1"
+                          else expected.optimizer_state)
+        for rank, results in enumerate(per_rank):
+            r = results[i]
+            rows.append({
+                "mode": mode, "rank": rank, "step_ms": step_ms,
+                "after_model_GiB": r["after_model"] / GIB,
+                "before_step_alloc_GiB": r["before_step_alloc"] / GIB,
+                "before_step_peak_GiB": r["before_step_peak"] / GIB,
+                "after_step_alloc_GiB": r["after_step_alloc"] / GIB,
+                "after_step_peak_GiB": r["after_step_peak"] / GIB,
+                "params_GiB": r["params"] / GIB, "expected_params_GiB": expected.parameters / GIB,
+                "grads_GiB": r["grads"] / GIB, "expected_grads_GiB": expected.gradients / GIB,
+                "optimizer_state_GiB": r["optimizer_state"] / GIB,
+                "expected_optimizer_state_GiB": expected_state / GIB,
+            })
+    df = pd.DataFrame(rows)
+    df["vs_unsharded"] = df["step_ms"] / df.loc[df["mode"] == "unsharded", "step_ms"].iloc[0]
+    return df
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--preset", default="xl", help="cs336_basics preset, built in fp32")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per GPU (preset context length)")
+    parser.add_argument("--world-size", type=int, default=2, help="GPUs (one process each, NCCL)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps")
+    parser.add_argument("--timeout", type=float, default=500, help="seconds before the workers are stopped")
+    parser.add_argument("--out", type=Path, default=Path("docs"), help="folder for zero.csv and zero.md")
+    args = parser.parse_args(argv)
+    if torch.cuda.device_count() < args.world_size:
+        raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")
+    print(f"{args.preset}: {len(MODES)} modes of {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
+          flush=True)
+    per_rank = spawn(_worker, args.world_size, args.preset, args.batch_size, args.warmup, args.steps,
+                     backend="nccl", timeout=args.timeout)
+    df = _table(args.preset, args.world_size, per_rank)
+    write_csv(df, args.out / "zero.csv")
+    env = ", ".join(f"{k} {v}" for k, v in environment().items())
+    write_text(args.out / "zero.md", f"{env}\n\n{markdown_table(df)}\n")
+    print(markdown_table(df[["mode", "rank", "step_ms", "vs_unsharded", "after_model_GiB",
+                             "before_step_peak_GiB", "after_step_peak_GiB", "optimizer_state_GiB",
+                             "expected_optimizer_state_GiB"]]))
+    return df
+
+
+if __name__ == "__main__":
+    main()
