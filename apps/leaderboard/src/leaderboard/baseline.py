@@ -16,7 +16,7 @@ from cs336_basics import BasicsTransformerLM, build_model
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import AttentionFn
+from .attention import choose_attention
 from .recipes import Recipe
 from .sharding import checkpoint_forward, fsdp2_accessors, materialize, shard_fsdp2
 from .trainer import Trainer
@@ -56,12 +56,18 @@ class ChunkedLossLM(nn.Module):
 def build_baseline(
     recipe: Recipe,
     device: torch.device,
-    attention: AttentionFn,
-    compute_dtype: torch.dtype | None = torch.bfloat16,
+    batch_per_rank: int,
+    compute_dtype: torch.dtype = torch.bfloat16,
 ) -> Trainer:
-    """The torch-native trainer for ``recipe`` on this rank's ``device`` (process group already joined)."""
+    """The torch-native trainer for ``recipe`` on this rank's ``device`` (process group already joined).
+
+    Attention: SDPA cuDNN or flash, whichever runs faster at the real shape (math on a CPU).
+    """
+    cfg = recipe.model_config()
+    shape = (batch_per_rank, cfg.num_heads, cfg.context_length, cfg.d_model // cfg.num_heads)
+    attention, attention_info = choose_attention("auto", shape, compute_dtype, device, ("cudnn", "flash"))
     with torch.device("meta"):
-        lm = build_model(recipe.model_config(), attention_fn=attention)
+        lm = build_model(cfg, attention_fn=attention)
     root = ChunkedLossLM(lm, recipe.loss_chunk_tokens)
     for block in lm.layers:
         checkpoint_forward(block)
@@ -83,6 +89,7 @@ def build_baseline(
 
     info = {
         "sharding": "torch FSDP2 (fully_shard per block + root)",
+        **attention_info,
         "checkpointed_blocks": len(lm.layers),
         "optimizer": f"torch.optim.AdamW(fused={fused})",
         "loss": f"F.cross_entropy in checkpointed chunks of {recipe.loss_chunk_tokens} tokens",

@@ -101,11 +101,8 @@ def run_check(rank: int, world_size: int, device: torch.device, recipe: Recipe) 
         results[label] = _measure(
             build_optimized(recipe, device, per_rank, dtype), before, ref_loss, ref_grads, ref_after, *local
         )
-    from .attention import sdpa
-
-    baseline_attention = sdpa("cudnn" if device.type == "cuda" else "math")
     results["baseline bf16"] = _measure(
-        build_baseline(recipe, device, baseline_attention, torch.bfloat16),
+        build_baseline(recipe, device, per_rank, torch.bfloat16),
         before,
         ref_loss,
         ref_grads,

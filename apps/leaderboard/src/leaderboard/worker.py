@@ -13,7 +13,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from .attention import choose_attention
 from .baseline import build_baseline
 from .metrics import StepRecord, format_step, median_seconds, peak_memory_gib, throughput
 from .optimized import build_optimized
@@ -39,15 +38,8 @@ def _mean_over_ranks(value: torch.Tensor) -> float:
 
 
 def build_trainer(recipe: Recipe, baseline: bool, device: torch.device, batch_per_rank: int) -> Trainer:
-    cfg = recipe.model_config()
     if baseline:
-        shape = (batch_per_rank, cfg.num_heads, cfg.context_length, cfg.d_model // cfg.num_heads)
-        attention, info = choose_attention(
-            "auto", shape, torch.bfloat16, device, candidates=("cudnn", "flash")
-        )
-        trainer = build_baseline(recipe, device, attention)
-        trainer.info.update(info)
-        return trainer
+        return build_baseline(recipe, device, batch_per_rank)
     return build_optimized(recipe, device, batch_per_rank)
 
 
