@@ -14,11 +14,11 @@ CUDA, or anywhere under ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import torch
 import triton
 import triton.language as tl
+from cs336_basics import AdamW
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
@@ -85,24 +85,8 @@ def adamw_update_(
     )
 
 
-class TritonAdamW(torch.optim.Optimizer):
-    """``torch.optim.Optimizer`` running :func:`adamw_update_` on every parameter (local shard)."""
-
-    def __init__(
-        self,
-        params: Iterable[Tensor] | Iterable[dict],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.01,
-    ):
-        if lr < 0:
-            raise ValueError(f"invalid learning rate lr={lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas must lie in [0, 1), got {betas}")
-        if eps < 0:
-            raise ValueError(f"invalid eps={eps}")
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+class TritonAdamW(AdamW):
+    """``cs336_basics.AdamW`` (same arguments and checks) running :func:`adamw_update_` per parameter."""
 
     @torch.no_grad()
     def step(self, closure=None):
