@@ -5,15 +5,19 @@ model of ``cs336_basics`` (the optional extra ``parallel[bench]``).
 """
 
 from parallel.ddp import DDP, BucketedDDP, FlatDDP, NaiveDDP, broadcast_module_state
+from parallel.fsdp import FSDP
 from parallel.launch import WorkerError, free_port, init_from_env, spawn
+from parallel.zero import ShardedOptimizer
 
 # Optimizer-state sharding and FSDP (parallel.zero, parallel.fsdp) are exported below.
 
 __all__ = [
     "DDP",
+    "FSDP",
     "BucketedDDP",
     "FlatDDP",
     "NaiveDDP",
+    "ShardedOptimizer",
     "WorkerError",
     "broadcast_module_state",
     "free_port",

@@ -499,9 +499,8 @@ class FSDP(nn.Module):
         """The wrapped module's forward; its units are gathered and freed around their use."""
         if self._compute_stream is not None:
             self._compute_stream = torch.cuda.current_stream(self.device)
-        for unit in self._units:  # leftovers of a forward without backward
-            if unit.state != _FREE and not (self._forward_order and unit is self._forward_order[-1]):
-                self._free(unit)
+        for unit in self._units:  # leftovers of a forward without backward (weights may have changed since)
+            self._free(unit)
         self._plan, self._forward_order = self._forward_order or self._plan, []
         self._gather_log = []
         self._plan_ok = bool(self._plan)
