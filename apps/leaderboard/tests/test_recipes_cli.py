@@ -97,12 +97,13 @@ def test_write_json_replaces_atomically(tmp_path):
 def test_checkpoint_count_is_the_fewest_that_fit():
     from leaderboard.optimized import checkpoint_count
 
-    layers, state, inputs, extra, headroom = 34, 65 * GIB, GIB // 4, 4 * GIB, 16 * GIB
-    count = checkpoint_count(layers, 140 * GIB, state, inputs, extra, headroom)
+    layers, shard, inputs, extra, headroom = 34, 16 * GIB, GIB // 4, 4 * GIB, 16 * GIB
+    count = checkpoint_count(layers, 140 * GIB, shard, inputs, extra, headroom)
 
-    def used(checkpointed):
-        return state + layers * inputs + extra + headroom + (layers - checkpointed) * extra
+    def peak(checkpointed):
+        return 3 * shard + layers * inputs + headroom + (layers - checkpointed) * extra
 
-    assert used(count) <= 140 * GIB < used(count - 1)
-    assert checkpoint_count(layers, 10_000 * GIB, state, inputs, extra, headroom) == 0
-    assert checkpoint_count(layers, 50 * GIB, state, inputs, extra, headroom) == layers
+    assert 0 < count < layers
+    assert peak(count) <= 140 * GIB < peak(count - 1)
+    assert checkpoint_count(layers, 10_000 * GIB, shard, inputs, extra, headroom) == 0
+    assert checkpoint_count(layers, 50 * GIB, shard, inputs, extra, headroom) == layers

@@ -17,6 +17,7 @@ Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed orde
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from cs336_basics import BasicsTransformerLM, RotaryEmbedding, TransformerBlock, build_model
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
@@ -94,27 +95,40 @@ def saved_activation_bytes(
 
 def checkpoint_count(
     layers: int,
-    device_bytes: int,
-    state_bytes: int,
+    capacity_bytes: int,
+    shard_bytes: int,
     input_bytes: int,
     extra_per_kept: int,
     headroom_bytes: int,
 ) -> int:
-    """Fewest of ``layers`` blocks to checkpoint so the step fits in ``device_bytes``.
+    """Fewest of ``layers`` blocks to checkpoint so a training step fits in ``capacity_bytes``.
 
-    Fixed cost: the optimizer-side state (``state_bytes``: fp32 params, grads and two AdamW moments),
-    every block's input, one checkpointed block's activations rebuilt during backward and the headroom
-    (gathered weights, gradient buffers, loss chunks); each kept block adds ``extra_per_kept``.
+    The checkpointed blocks are the first ones, so backward rebuilds their activations last, once the
+    kept blocks' activations are gone: memory peaks when backward starts, holding the fp32 params and
+    two AdamW moments (``3 * shard_bytes``; the gradients grow only as activations are freed), every
+    block's input (``input_bytes`` each), ``extra_per_kept`` per kept block and ``headroom_bytes``
+    (gathered weights, gradient buffers, the loss chunks).
     """
-    fixed = state_bytes + layers * input_bytes + extra_per_kept + headroom_bytes
-    keep = (device_bytes - fixed) // max(extra_per_kept, 1)
+    fixed = 3 * shard_bytes + layers * input_bytes + headroom_bytes
+    keep = (capacity_bytes - fixed) // max(extra_per_kept, 1)
     return int(min(layers, max(0, layers - keep)))
+
+
+def _allocator_capacity(device: torch.device) -> int:
+    """Bytes the caching allocator can hold on ``device``: free memory plus what it has reserved already
+    (the CUDA context, cuBLAS and NCCL buffers outside it are excluded); the minimum over ranks."""
+    free, _ = torch.cuda.mem_get_info(device)
+    capacity = torch.tensor([free + torch.cuda.memory_reserved(device)], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(capacity, op=dist.ReduceOp.MIN)
+    return int(capacity.item())
 
 
 def blocks_to_checkpoint(
     recipe: Recipe, params: list[Tensor], attention, batch: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[int, dict]:
-    """How many blocks to recompute: the recipe's number, or the fewest that fit the measured memory."""
+    """How many blocks to recompute: the recipe's number, or the fewest that fit the measured memory
+    (the same on every rank)."""
     cfg = recipe.model_config()
     layers = cfg.num_layers
     if recipe.checkpoint_blocks >= 0:
@@ -125,15 +139,14 @@ def blocks_to_checkpoint(
     extra_per_kept = saved_activation_bytes(recipe, attention, dtype, batch, device)
     input_bytes = batch * cfg.context_length * cfg.d_model * torch.finfo(dtype).bits // 8
     shard_bytes = sum(_local(p).numel() * 4 for p in params)
-    total = torch.cuda.get_device_properties(device).total_memory
-    count = checkpoint_count(
-        layers, total, 4 * shard_bytes, input_bytes, extra_per_kept, int(recipe.memory_headroom_gib * GIB)
-    )
+    capacity = _allocator_capacity(device)
+    headroom = int(recipe.memory_headroom_gib * GIB)
+    count = checkpoint_count(layers, capacity, shard_bytes, input_bytes, extra_per_kept, headroom)
     return count, {
         "checkpoint_rule": "auto",
         "saved_activation_gib_per_block": (extra_per_kept + input_bytes) / GIB,
-        "sharded_state_gib": 4 * shard_bytes / GIB,
-        "device_memory_gib": total / GIB,
+        "fp32_shard_gib": shard_bytes / GIB,
+        "allocator_capacity_gib": capacity / GIB,
     }
 
 
