@@ -22,7 +22,6 @@ Writes into ``--out``: ``fsdp.csv``, ``fsdp.md``, ``fsdp-gathers.csv``, ``fsdp-t
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
 import gzip
@@ -34,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from parallel.bench_zero import random_batch, sdpa
+from parallel.bench_zero import parse_run_arguments, random_batch, sdpa
 from parallel.fsdp import FSDP
 from parallel.launch import spawn
 from parallel.report import environment, markdown_table, write_csv, write_text
@@ -192,18 +191,7 @@ def gather_summary(gathers: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--preset", default="xl", help="cs336_basics preset")
-    parser.add_argument("--batch-size", type=int, default=4, help="sequences per GPU (preset context length)")
-    parser.add_argument("--world-size", type=int, default=2, help="GPUs (one process each, NCCL)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    parser.add_argument("--steps", type=int, default=6, help="timed steps")
-    parser.add_argument("--timeout", type=float, default=500, help="seconds before the workers are stopped")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="folder for tables, traces, figures/")
-    args = parser.parse_args(argv)
-    if torch.cuda.device_count() < args.world_size:
-        raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")
+    args = parse_run_arguments(__doc__, argv, warmup=3, steps=6, out_help="folder for tables, traces, figures/")
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{args.preset}: ours and FSDP2, {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)

@@ -150,19 +150,25 @@ def _table(preset: str, world_size: int, per_rank: list[list[dict]]) -> pd.DataF
     return df
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def parse_run_arguments(doc: str, argv: list[str] | None, warmup: int, steps: int, out_help: str):
+    """The options both sharding benchmarks share; exits unless enough GPUs are present."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--preset", default="xl", help="cs336_basics preset, built in fp32")
+    parser.add_argument("--preset", default="xl", help="cs336_basics preset")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per GPU (preset context length)")
     parser.add_argument("--world-size", type=int, default=2, help="GPUs (one process each, NCCL)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed steps first")
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps")
     parser.add_argument("--timeout", type=float, default=500, help="seconds before the workers are stopped")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="folder for zero.csv and zero.md")
+    parser.add_argument("--out", type=Path, default=Path("docs"), help=out_help)
     args = parser.parse_args(argv)
     if torch.cuda.device_count() < args.world_size:
         raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parse_run_arguments(__doc__, argv, warmup=2, steps=3, out_help="folder for zero.csv and zero.md")
     print(f"{args.preset}: {len(MODES)} modes of {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)
     per_rank = spawn(_worker, args.world_size, args.preset, args.batch_size, args.warmup, args.steps,
