@@ -191,7 +191,7 @@ def gather_summary(gathers: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parse_run_arguments(__doc__, argv, warmup=3, steps=6, out_help="folder for tables, traces, figures/")
+    args = parse_run_arguments(__doc__, argv, warmup=3, steps=6, out_help="folder of tables, traces, figures")
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{args.preset}: ours and FSDP2, {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)
