@@ -1,6 +1,8 @@
 """The DDP family against single-process training on the union of the ranks' data (gloo CPU, NCCL GPU)."""
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -185,6 +187,32 @@ def _names_and_order(rank, world_size):
         assert list(wrapped.state_dict()) == ["module." + k for k in model.state_dict()], variant
         tokens = torch.randint(0, VOCAB, (2, SEQ))
         torch.testing.assert_close(wrapped(tokens), model(tokens), rtol=0, atol=0)
+
+
+def _wrappers_are_freed(rank, world_size):
+    for variant, wrap in VARIANTS.items():
+        model = _build("tied", seed=0)
+        wrapped = wrap(model)
+        inputs, targets = _global_batch(0, 1, 2)
+        _loss(wrapped, inputs, targets).backward()
+        wrapped.finish_gradient_synchronization()
+        wrapper_ref, weight_ref = weakref.ref(wrapped), weakref.ref(model.fc1.weight)
+        del wrapped
+        gc.collect()
+        assert wrapper_ref() is None, f"{variant}: the wrapper outlived its last reference"
+        # The module lives on without the wrapper's hooks: a backward now leaves local gradients alone.
+        model.zero_grad()
+        _loss(model, inputs, targets).backward()
+        local = _build("tied", seed=0)
+        _loss(local, inputs, targets).backward()
+        torch.testing.assert_close(model.fc1.weight.grad, local.fc1.weight.grad, rtol=0, atol=0)
+        del model
+        gc.collect()
+        assert weight_ref() is None, f"{variant}: the model's parameters were never freed"
+
+
+def test_dropped_wrappers_free_the_model_and_remove_their_hooks():
+    spawn(_wrappers_are_freed, 1, timeout=60)
 
 
 def test_parameter_names_order_and_forward_follow_the_module():

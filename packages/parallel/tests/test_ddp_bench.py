@@ -69,3 +69,8 @@ def test_benchmark_runs_every_variant_on_cpu_processes(tmp_path):
     assert sorted(sweep.loc[sweep["variant"] == "bucketed", "bucket_mb"]) == [0.01, 25.0]
     assert (tmp_path / "figures" / "ddp-bucket-sweep.png").exists()
     assert len(df) == 13
+    # The traced step was recorded (phases and operators), not cleared by a profiler schedule.
+    events = trace_plot.load_trace(tmp_path / "ddp-trace-ddp-fp32.json.gz")
+    names = {e.get("name") for e in events}
+    assert {"forward", "backward", "finish_gradient_synchronization", "optimizer"} <= names
+    assert any(e.get("cat") == "cpu_op" for e in events)

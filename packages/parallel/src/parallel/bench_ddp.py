@@ -13,19 +13,20 @@ Variants: ``local`` (no wrapper, no communication: the floor), ``naive``, ``flat
 
 CUDA events on each rank time every step: ``step_ms`` (forward, loss, backward, gradient synchronization,
 optimizer), ``sync_wait_ms`` (end of backward to end of ``finish_gradient_synchronization`` on the compute
-stream: the communication backward did not hide), ``optimizer_ms``. A step lasts as long as its slower rank;
-the median over timed steps is reported. ``comm_overhead_ms`` = step - local step: what synchronizing
-gradients costs in all, also for torch, whose waiting happens inside backward. ``vs_torch`` is the step-time
-ratio to ``torch``. TFLOP/s per GPU uses ``analysis.accounting.train_step_flops``.
+stream: the communication backward did not hide), ``optimizer_ms``. Ranks meet at a barrier before each timed
+step; a step lasts as long as its slower rank; the median over timed steps is reported. ``comm_overhead_ms``
+= step - local step: what synchronizing gradients costs in all, also for torch, whose waiting happens inside
+backward. ``vs_torch`` is the step-time ratio to ``torch``. TFLOP/s per GPU uses
+``analysis.accounting.train_step_flops``.
 
 Then BucketedDDP at each ``--sweep-mb`` for ``--sweep-precisions``, and a ``torch.profiler`` trace of one
-step (after one profiled warm-up) of ``naive`` and ``ddp`` per precision in ``--trace-precisions``, with
-NVTX / ``record_function`` ranges per phase, drawn as compute and communication streams against time.
+more step of ``naive`` and ``ddp`` per precision in ``--trace-precisions``, with NVTX / ``record_function``
+ranges per phase, drawn (on GPUs) as compute and communication streams against time.
 
 Writes into ``--out``: ``ddp.csv``, ``ddp-sweep.csv``, ``ddp-trace-<variant>-<precision>.json.gz``,
 ``figures/ddp-overlap-<precision>.png``, ``figures/ddp-bucket-sweep.png``. Falls back to the ``large``
 preset only if ``xl`` runs out of memory, and says so. Made for 2+ GPUs (NCCL); ``--backend gloo`` runs
-the same code on CPU processes (no traces, no memory numbers), to check it on small presets.
+the same code on CPU processes (CPU-only traces, no figure of them, no memory numbers), to check it.
 """
 
 from __future__ import annotations
@@ -167,6 +168,9 @@ def _run_variant(settings: Settings, variant: str, precision: str, bucket_mb: fl
     dist.barrier()
     times = []
     for _ in range(settings.steps):
+        _synchronize(device)
+        dist.barrier()  # ranks start each timed step together: drift between them is not timed as waiting
+        _synchronize(device)
         clock = _Clock(device)
         _train_step(*step_args, clock=clock)
         _synchronize(device)
@@ -182,16 +186,16 @@ def _run_variant(settings: Settings, variant: str, precision: str, bucket_mb: fl
 
 
 def _trace(step_args, path: str | None) -> None:
-    """Profile one step after one profiled warm-up; rank 0 writes the gzipped Chrome trace to ``path``."""
-    from torch.profiler import ProfilerActivity, profile, schedule
+    """Profile one (already warmed-up) step; rank 0 writes the gzipped Chrome trace to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
 
+    device = step_args[2].device
+    _synchronize(device)
     dist.barrier()
-    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1)) as prof:
-        for _ in range(2):
-            _train_step(*step_args)
-            torch.cuda.synchronize()
-            prof.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _train_step(*step_args)
+        _synchronize(device)
     if path is not None:
         with tempfile.TemporaryDirectory() as tmp:
             raw = Path(tmp) / "trace.json"
@@ -397,7 +401,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         args.bucket_mb,
         tuple(args.sweep_mb),
         tuple(args.sweep_precisions),
-        tuple(p for p in args.trace_precisions if p in args.precisions and backend == "nccl"),
+        tuple(p for p in args.trace_precisions if p in args.precisions),
         args.warmup,
         args.steps,
         str(args.out),
@@ -418,7 +422,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         plot_sweep(sweep, args.out / "figures" / "ddp-bucket-sweep.png")
     from parallel.trace_plot import plot_timelines
 
-    for precision in settings.trace_precisions:
+    for precision in settings.trace_precisions if backend == "nccl" else ():
         traces = {
             v: args.out / f"ddp-trace-{v}-{precision}.json.gz" for v in TRACED if v in settings.variants
         }

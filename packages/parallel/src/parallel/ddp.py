@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -67,6 +68,11 @@ def broadcast_module_state(module: nn.Module, src: int = 0) -> None:
         dist.broadcast(tensor.data, src=src)
 
 
+def _remove_all(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
+
+
 class _DataParallel(nn.Module, abc.ABC):
     """Construction, forward and ``no_sync`` shared by the four strategies."""
 
@@ -88,6 +94,21 @@ class _DataParallel(nn.Module, abc.ABC):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def _register_grad_ready_hooks(self) -> None:
+        """Call ``self._on_grad_ready(param)`` once autograd has accumulated each trainable gradient."""
+        # Autograd keeps hooks alive from C++, where the garbage collector cannot see them: a hook holding
+        # the wrapper strongly would keep wrapper, model and buckets alive forever. So hooks hold it weakly,
+        # and are removed from the parameters when the wrapper is collected.
+        wrapper = weakref.ref(self)
+
+        def hook(param: nn.Parameter) -> None:
+            live = wrapper()
+            if live is not None:
+                live._on_grad_ready(param)
+
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in self._params]
+        weakref.finalize(self, _remove_all, handles)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -137,8 +158,7 @@ class DDP(_DataParallel):
     def __init__(self, module: nn.Module):
         super().__init__(module)
         self._pending: dict[nn.Parameter, dist.Work] = {}
-        for p in self._params:
-            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._register_grad_ready_hooks()
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if not self._sync_enabled:
@@ -195,8 +215,7 @@ class BucketedDDP(_DataParallel):
         self._buckets = self._build_buckets(int(bucket_size_mb * 2**20))
         self._slot = {p: (b, i) for b, bk in enumerate(self._buckets) for i, p in enumerate(bk.params)}
         self._next_launch = 0
-        for p in self._params:
-            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._register_grad_ready_hooks()
 
     @property
     def bucket_numels(self) -> list[int]:
