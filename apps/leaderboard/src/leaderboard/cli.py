@@ -92,6 +92,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "duration would be exceeded (the rows left out are listed as skipped)",
     )
     parser.add_argument(
+        "--row-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --ablation: measured steps of the rows between the baseline and the fully optimized "
+        "step and of the alternatives (default: --steps)",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -195,10 +203,7 @@ def rank_main(
 
         def save_partial(runs: list[dict]) -> None:
             if args.json is not None:
-                write_json(
-                    args.json.with_suffix(".partial.json"),
-                    {"resolved_recipe": recipe.as_dict(), "runs": runs},
-                )
+                write_json(args.json, {"partial": True, "resolved_recipe": recipe.as_dict(), "runs": runs})
 
         return run_ablation(
             rank,
@@ -208,6 +213,7 @@ def rank_main(
             launch_time,
             args.ablation,
             args.time_budget,
+            row_steps=args.row_steps,
             on_row=save_partial,
         )
     return run_benchmark(rank, world_size, device, recipe, args.baseline, launch_time)

@@ -131,17 +131,19 @@ def run_ablation(
     launch_time: float,
     mode: str = "full",
     time_budget: float | None = None,
+    row_steps: int | None = None,
     log=print,
     on_row=None,
 ) -> dict:
     """Run the rows of ``ablation_steps`` ("ends": only the first and the last), then the
     ``ablation_alternatives``; returns ``runs`` in that row order.
 
-    The baseline and the fully optimized row run first, then the rows between, then the alternatives,
-    so a ``time_budget``
-    (seconds since launch, checked before each row against the last row's duration) drops intermediate
-    rows first; dropped rows are recorded as skipped, a row that raises (e.g. out of memory) with its
-    error, and the next row runs. ``on_row(runs)`` is called on rank 0 after every row (partial results).
+    The baseline and the fully optimized row run first, then the rows between, then the alternatives, so
+    a ``time_budget`` (seconds since launch, checked before each row against the last row's duration)
+    drops those last rows first; dropped rows are recorded as skipped, a row that raises (e.g. out of
+    memory) with its error, and the next row runs. ``on_row(runs)`` is called on rank 0 after every row
+    (partial results).
+    ``row_steps`` replaces the recipe's measured steps in every row but the baseline and the full step.
     """
     say = log if rank == 0 else (lambda *_: None)
     rows = ablation_steps(recipe, device.type)
@@ -161,6 +163,8 @@ def run_ablation(
             continue
         say(f"=== {label}")
         row_start = time.time()
+        if row_steps is not None and index not in (0, last):
+            overrides = {**overrides, "steps": row_steps}
         try:
             run = run_benchmark(
                 rank, world_size, device, recipe.with_(**overrides), baseline, launch_time, log
