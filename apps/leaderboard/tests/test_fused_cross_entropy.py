@@ -79,3 +79,19 @@ def test_bad_inputs_name_the_argument():
         linear_cross_entropy(h, w.double(), t)
     with pytest.raises(ValueError, match="chunk_tokens"):
         linear_cross_entropy(h, w, t, chunk_tokens=0)
+
+
+def test_compiled_epilogue_matches_eager():
+    """The torch.compile'd chunk epilogue (used on CUDA) computes what the eager one does."""
+    from leaderboard.fused_cross_entropy import _compiled_chunk_loss_and_grad, chunk_loss_and_grad
+
+    gen = torch.Generator().manual_seed(11)
+    logits = (torch.randn(37, 1031, generator=gen) * 4).bfloat16()
+    targets = torch.randint(0, 1031, (37,), generator=gen)
+    loss, grad = chunk_loss_and_grad(logits, targets, 1 / 97)
+    compiled_loss, compiled_grad = _compiled_chunk_loss_and_grad(logits, targets, 1 / 97)
+    assert grad.dtype == compiled_grad.dtype == torch.bfloat16
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled_grad.float(), grad.float(), rtol=1e-2, atol=1e-5)
+    ref = F.cross_entropy(logits.double(), targets, reduction="sum")
+    assert abs(loss.item() - ref.item()) < 1e-4 * ref.item()
