@@ -190,7 +190,7 @@ def plot_backend(df: pd.DataFrame, backend: str, path: Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("bus bandwidth (GB/s)")
     axes[0][-1].legend()
-    fig.suptitle(f"{backend} collectives on {rows['device'].iloc[0]}")
+    fig.suptitle(f"{backend} collectives on {rows['device'].iloc[0]}", y=1.03)
     return save_figure(fig, path)
 
 

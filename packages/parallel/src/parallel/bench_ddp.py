@@ -278,8 +278,8 @@ def _rows(settings: Settings, plan, per_rank) -> pd.DataFrame:
     return df
 
 
-def plot_sweep(sweep: pd.DataFrame, path: Path) -> Path:
-    """BucketedDDP step time against bucket size, one line per precision, torch DDP as dashed lines."""
+def plot_sweep(sweep: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path:
+    """BucketedDDP step time against bucket size per precision; torch DDP dashed, no communication dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -289,12 +289,15 @@ def plot_sweep(sweep: pd.DataFrame, path: Path) -> Path:
     for precision, group in sweep[sweep["variant"] == "bucketed"].groupby("precision"):
         group = group.sort_values("bucket_mb")
         (line,) = ax.plot(group["bucket_mb"], group["step_ms"], marker="o", label=f"BucketedDDP {precision}")
-        ref = sweep[(sweep["variant"] == "torch") & (sweep["precision"] == precision)]["step_ms"]
-        if len(ref):
-            ax.axhline(ref.iloc[0], color=line.get_color(), linestyle="--", label=f"torch DDP {precision}")
+        for variant, style in (("torch", "--"), ("local", ":")):
+            ref = runs[(runs["variant"] == variant) & (runs["precision"] == precision)]["step_ms"]
+            if len(ref):
+                name = "torch DDP" if variant == "torch" else "no communication"
+                ax.axhline(ref.iloc[0], color=line.get_color(), linestyle=style, label=f"{name} {precision}")
     ax.set_xscale("log")
     ax.set_xlabel("bucket size (MiB)")
-    ax.set_ylabel("step time (ms)")
+    ax.set_ylabel("step time (ms, median of the slower rank)")
+    ax.set_title(f"{runs['preset'].iloc[0]}: BucketedDDP bucket-size sweep", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
@@ -419,7 +422,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     write_csv(main_runs, args.out / "ddp.csv")
     if settings.sweep_mb and settings.sweep_precisions:
         write_csv(sweep, args.out / "ddp-sweep.csv")
-        plot_sweep(sweep, args.out / "figures" / "ddp-bucket-sweep.png")
+        plot_sweep(sweep, main_runs, args.out / "figures" / "ddp-bucket-sweep.png")
     from parallel.trace_plot import plot_timelines
 
     for precision in settings.trace_precisions if backend == "nccl" else ():
