@@ -94,6 +94,9 @@ def _run_grid(shapes, dtypes, impls, args, label: str) -> pd.DataFrame:
         fb = rows[-1]
         print(f"[{label} {i}/{len(cells)} {time.perf_counter() - start:.0f}s] {shape} {dtype} {impl}: "
               f"fwd+bwd {fb['ms']:.3f} ms {fb['status']}", flush=True)  # fmt: skip
+        write_table(
+            pd.DataFrame(rows), args.out, f"{label}_cells", markdown=False
+        )  # survives a cut-short run
     return pd.DataFrame(rows)
 
 
@@ -162,22 +165,22 @@ def main() -> None:
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
 
-    tables = {}
-    if not args.skip_sweep:
-        shapes = [(1, 1, s, d) for s, d in product(args.seqs, args.head_dims)]
-        sweep = _run_grid(shapes, args.dtypes, args.impls, args, "sweep")
-        tables["sweep"] = with_ratios(sweep, ["dtype", "seq", "head_dim"])
-        if "ours" in args.impls:
-            _plot(sweep, args.out)
+    def publish(name: str, table: pd.DataFrame) -> None:
+        write_table(table, args.out, name)
+        print(f"\n## {name} ({env['device']}, bf16 matmul {peak:.0f} TFLOP/s)\n")
+        print(table.to_markdown(index=False), flush=True)
+
     if not args.skip_multihead:
         multi = _run_grid(MULTIHEAD_SHAPES, ["bf16"], args.impls, args, "multihead")
         table = with_ratios(multi, ["batch", "heads", "seq", "head_dim"])
         table["ours % of matmul"] = (100 * table["ours TFLOP/s"] / peak).round(1)
-        tables["multihead"] = table
-    for name, table in tables.items():
-        write_table(table, args.out, name)
-        print(f"\n## {name} ({env['device']}, bf16 matmul {peak:.0f} TFLOP/s)\n")
-        print(table.to_markdown(index=False))
+        publish("multihead", table)
+    if not args.skip_sweep:
+        shapes = [(1, 1, s, d) for s, d in product(args.seqs, args.head_dims)]
+        sweep = _run_grid(shapes, args.dtypes, args.impls, args, "sweep")
+        if "ours" in args.impls:
+            _plot(sweep, args.out)
+        publish("sweep", with_ratios(sweep, ["dtype", "seq", "head_dim"]))
     print(f"\nbench finished in {time.perf_counter() - start:.0f} s")
 
 

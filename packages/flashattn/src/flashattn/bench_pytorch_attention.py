@@ -83,6 +83,9 @@ def main() -> None:
     env = environment()
     total = torch.cuda.get_device_properties(0).total_memory
     print(env, f"{total / 2**30:.1f} GiB", flush=True)
+    # Backward is timed by replaying one retained graph; compiled backward graphs otherwise donate (reuse)
+    # their saved buffers, which forbids retain_graph.
+    torch._functorch.config.donated_buffer = False
     variants = {"eager": naive_attention, "compiled": torch.compile(naive_attention)}
     rows, start = [], time.perf_counter()
     for (name, fn), head_dim, seq in product(variants.items(), args.head_dims, args.seqs):
