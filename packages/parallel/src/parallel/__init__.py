@@ -9,7 +9,7 @@ from parallel.fsdp import FSDP
 from parallel.launch import WorkerError, free_port, init_from_env, spawn
 from parallel.zero import ShardedOptimizer
 
-# Optimizer-state sharding and FSDP (parallel.zero, parallel.fsdp) are exported below.
+# Room for the sharding exports: ShardedOptimizer (parallel.zero) and FSDP (parallel.fsdp).
 
 __all__ = [
     "DDP",
