@@ -9,8 +9,6 @@ from parallel.fsdp import FSDP
 from parallel.launch import WorkerError, free_port, init_from_env, spawn
 from parallel.zero import ShardedOptimizer
 
-# Room for the sharding exports: ShardedOptimizer (parallel.zero) and FSDP (parallel.fsdp).
-
 __all__ = [
     "DDP",
     "FSDP",
