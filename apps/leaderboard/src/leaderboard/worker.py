@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .baseline import build_baseline
-from .metrics import StepRecord, format_step, median_seconds, peak_memory_gib, throughput
+from .metrics import GIB, StepRecord, format_step, median_seconds, peak_memory_gib, throughput
 from .optimized import build_optimized
 from .recipes import Recipe, ablation_alternatives, ablation_steps
 from .trainer import Trainer, random_batch
@@ -66,6 +66,7 @@ def run_benchmark(
     say = log if rank == 0 else (lambda *_: None)
     cfg = recipe.model_config()
     per_rank = recipe.batch_size // world_size
+    allocated_at_start = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     setup_start = time.time()
@@ -111,6 +112,10 @@ def run_benchmark(
         "peak_memory_gib_per_gpu": max((r.peak_memory_gib or 0.0) for r in records)
         if device.type == "cuda"
         else None,
+        "peak_reserved_gib_per_gpu": _max_over_ranks(torch.cuda.max_memory_reserved(device) / GIB, device)
+        if device.type == "cuda"
+        else None,
+        "allocated_gib_at_start": allocated_at_start,
         "setup_seconds": setup_seconds,
         "first_step_seconds": records[0].seconds,
         "launch_to_first_step_end_seconds": first_step_done - launch_time,
@@ -172,9 +177,9 @@ def run_ablation(
         except Exception as error:  # e.g. out of memory: keep the rows measured so far
             say(f"failed: {type(error).__name__}: {error}")
             run = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        gc.collect()  # outside the except block, so the failed row's frames are gone
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         runs[index] = {"label": label, "row_seconds": time.time() - row_start, **run}
         last_row_seconds = runs[index]["row_seconds"]
         if rank == 0 and on_row is not None:
