@@ -174,11 +174,15 @@ def write_json(path: Path, payload: dict) -> None:
 def environment() -> dict:
     import triton
 
+    cuda = torch.cuda.is_available()
     return {
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": sys.version.split()[0],
         "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "command": " ".join(sys.argv),
     }
@@ -274,6 +278,7 @@ def ablation_table(runs: list[dict]):
                 "step": run["label"],
                 "median s": seconds,
                 "x baseline": seconds / base if seconds and base else None,
+                "TFLOP/s/GPU": run.get("median_tflops_per_gpu"),
                 "MFU %": 100 * run["median_mfu"] if run.get("median_mfu") is not None else None,
                 "peak GiB/GPU": run.get("peak_memory_gib_per_gpu"),
                 "first-step loss": run["steps"][0]["loss"] if run.get("steps") else None,
@@ -305,11 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before CUDA starts
     raw_argv = sys.argv[1:] if argv is None else argv
     args = parse_args(raw_argv)
-    gpus = torch.cuda.device_count()
-    memory = torch.cuda.get_device_properties(0).total_memory if gpus == 1 else 0
-    nproc = args.nproc or (gpus if gpus else 2)
+    nproc = args.nproc or (torch.cuda.device_count() or 2)
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    gpus = min(torch.cuda.device_count(), nproc)  # the GPUs this run uses
+    memory = torch.cuda.get_device_properties(0).total_memory if gpus == 1 else 0
     from parallel.launch import free_port, init_from_env, spawn
 
     if _under_torchrun():
@@ -327,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             report(result, args, recipe)
         return 0 if not args.check or result["passed"] else 1
     if gpus and nproc > 1:
-        if nproc > gpus:
-            raise ValueError(f"--nproc {nproc} exceeds the {gpus} GPUs of this machine")
+        if nproc > torch.cuda.device_count():
+            raise ValueError(f"--nproc {nproc} exceeds the {torch.cuda.device_count()} GPUs of this machine")
         env = dict(os.environ, **{LAUNCH_TIME_ENV: repr(launch_time)})
         src = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
