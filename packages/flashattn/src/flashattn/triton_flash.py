@@ -36,6 +36,14 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
+def _tile_and_head(n_tiles, n_heads):
+    """This program's tile index along the sequence, its flat batch-head, and its (batch, head)."""
+    pid = tl.program_id(0)
+    bh = pid // n_tiles
+    return pid % n_tiles, bh, (bh // n_heads).to(tl.int64), (bh % n_heads).to(tl.int64)
+
+
+@triton.jit
 def _fwd_inner(
     acc, row_sum, row_max, q, k_base, v_base, stride_ks, stride_kd, stride_vs, stride_vd,
     offs_m, offs_d, start, end, seq_k, causal_shift, qk_scale,
@@ -82,11 +90,8 @@ def _fwd_kernel(
 ):  # fmt: skip
     """One program per (query tile, batch-head); heaviest causal tiles of each head are launched first."""
     n_tiles = tl.cdiv(seq_q, BLOCK_M)
-    pid = tl.program_id(0)
-    bh = pid // n_tiles
-    start_m = (n_tiles - 1 - pid % n_tiles) * BLOCK_M
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+    tile, bh, b, h = _tile_and_head(n_tiles, n_heads)
+    start_m = (n_tiles - 1 - tile) * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd
@@ -129,12 +134,8 @@ def _bwd_delta_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     """``D = rowsum(O * dO)`` in fp32, shape ``(batch * heads, seq_q)``."""
-    n_tiles = tl.cdiv(seq_q, BLOCK_M)
-    pid = tl.program_id(0)
-    bh = pid // n_tiles
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
-    offs_m = pid % n_tiles * BLOCK_M + tl.arange(0, BLOCK_M)
+    tile, bh, b, h = _tile_and_head(tl.cdiv(seq_q, BLOCK_M), n_heads)
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None] < seq_q
     o_ptrs = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od
@@ -196,12 +197,8 @@ def _bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, batch-head): ``dK, dV`` of ``BLOCK_N`` keys, looping over query tiles."""
-    n_tiles = tl.cdiv(seq_k, BLOCK_N)
-    pid = tl.program_id(0)
-    bh = pid // n_tiles
-    start_n = (pid % n_tiles) * BLOCK_N  # causal: early keys see the most queries, so they go first
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+    tile, bh, b, h = _tile_and_head(tl.cdiv(seq_k, BLOCK_N), n_heads)
+    start_n = tile * BLOCK_N  # causal: early keys see the most queries, so they go first
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     keys = offs_n[:, None] < seq_k
@@ -296,11 +293,8 @@ def _bwd_dq_kernel(
 ):  # fmt: skip
     """One program per (query tile, batch-head): ``dQ`` of ``BLOCK_M`` queries, looping over key tiles."""
     n_tiles = tl.cdiv(seq_q, BLOCK_M)
-    pid = tl.program_id(0)
-    bh = pid // n_tiles
-    start_m = (n_tiles - 1 - pid % n_tiles) * BLOCK_M
-    b = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+    tile, bh, b, h = _tile_and_head(n_tiles, n_heads)
+    start_m = (n_tiles - 1 - tile) * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None] < seq_q
