@@ -100,8 +100,8 @@ def test_checkpoint_count_is_the_fewest_that_fit():
     layers, shard, inputs, extra, headroom = 34, 16 * GIB, GIB // 4, 4 * GIB, 16 * GIB
     count = checkpoint_count(layers, 140 * GIB, shard, inputs, extra, headroom)
 
-    def peak(checkpointed):
-        return 3 * shard + layers * inputs + headroom + (layers - checkpointed) * extra
+    def peak(checkpointed):  # beyond the parameter shards, which are allocated already
+        return 2 * shard + layers * inputs + headroom + (layers - checkpointed) * extra
 
     assert 0 < count < layers
     assert peak(count) <= 140 * GIB < peak(count - 1)

@@ -26,11 +26,11 @@ from .attention import choose_attention
 from .baseline import ChunkedLossLM, hidden_states
 from .fused_adamw import TritonAdamW
 from .fused_cross_entropy import linear_cross_entropy
+from .metrics import GIB
 from .recipes import Recipe
 from .sharding import checkpoint_forward, fsdp2_accessors, materialize, shard_fsdp2
 from .trainer import Trainer
 
-GIB = 2**30
 SHARDING_NAMES = {
     "fsdp2": "torch FSDP2 (fully_shard per block + root)",
     "ours": "parallel.FSDP (one flat unit per block, per Linear/Embedding; norm gains replicated)",
@@ -95,33 +95,35 @@ def saved_activation_bytes(
 
 def checkpoint_count(
     layers: int,
-    capacity_bytes: int,
+    available_bytes: int,
     shard_bytes: int,
     input_bytes: int,
     extra_per_kept: int,
     headroom_bytes: int,
 ) -> int:
-    """Fewest of ``layers`` blocks to checkpoint so a training step fits in ``capacity_bytes``.
+    """Fewest of ``layers`` blocks to checkpoint so a training step fits in ``available_bytes`` (what can
+    still be allocated once the fp32 parameter shards exist).
 
     The checkpointed blocks are the first ones, so backward rebuilds their activations last, once the
-    kept blocks' activations are gone: memory peaks when backward starts, holding the fp32 params and
-    two AdamW moments (``3 * shard_bytes``; the gradients grow only as activations are freed), every
+    kept blocks' activations are gone: memory peaks when backward starts, holding besides the params the
+    two AdamW moments (``2 * shard_bytes``; the gradients grow only as activations are freed), every
     block's input (``input_bytes`` each), ``extra_per_kept`` per kept block and ``headroom_bytes``
     (gathered weights, gradient buffers, the loss chunks).
     """
-    fixed = 3 * shard_bytes + layers * input_bytes + headroom_bytes
-    keep = (capacity_bytes - fixed) // max(extra_per_kept, 1)
+    fixed = 2 * shard_bytes + layers * input_bytes + headroom_bytes
+    keep = (available_bytes - fixed) // max(extra_per_kept, 1)
     return int(min(layers, max(0, layers - keep)))
 
 
-def _allocator_capacity(device: torch.device) -> int:
-    """Bytes the caching allocator can hold on ``device``: free memory plus what it has reserved already
-    (the CUDA context, cuBLAS and NCCL buffers outside it are excluded); the minimum over ranks."""
+def _available_bytes(device: torch.device) -> int:
+    """Bytes that can still be allocated on ``device``: free device memory plus what the caching allocator
+    holds unused (the CUDA context, cuBLAS and NCCL buffers are already out); the minimum over ranks."""
     free, _ = torch.cuda.mem_get_info(device)
-    capacity = torch.tensor([free + torch.cuda.memory_reserved(device)], dtype=torch.float64, device=device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    available = torch.tensor([free + unused], dtype=torch.float64, device=device)
     if dist.is_initialized():
-        dist.all_reduce(capacity, op=dist.ReduceOp.MIN)
-    return int(capacity.item())
+        dist.all_reduce(available, op=dist.ReduceOp.MIN)
+    return int(available.item())
 
 
 def blocks_to_checkpoint(
@@ -139,14 +141,14 @@ def blocks_to_checkpoint(
     extra_per_kept = saved_activation_bytes(recipe, attention, dtype, batch, device)
     input_bytes = batch * cfg.context_length * cfg.d_model * torch.finfo(dtype).bits // 8
     shard_bytes = sum(_local(p).numel() * 4 for p in params)
-    capacity = _allocator_capacity(device)
+    available = _available_bytes(device)
     headroom = int(recipe.memory_headroom_gib * GIB)
-    count = checkpoint_count(layers, capacity, shard_bytes, input_bytes, extra_per_kept, headroom)
+    count = checkpoint_count(layers, available, shard_bytes, input_bytes, extra_per_kept, headroom)
     return count, {
         "checkpoint_rule": "auto",
         "saved_activation_gib_per_block": (extra_per_kept + input_bytes) / GIB,
         "fp32_shard_gib": shard_bytes / GIB,
-        "allocator_capacity_gib": capacity / GIB,
+        "available_gib_before_step": available / GIB,
     }
 
 
