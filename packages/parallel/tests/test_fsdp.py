@@ -303,5 +303,5 @@ def test_cuda_streams_prefetch_changes_no_result(compute_dtype):
     for name, value in eager[0].items():
         assert (value == ahead[0][name]).all(), name
         tol = 1e-4 if compute_dtype is None else 2e-2
-        other = torch.from_numpy(per_layer[0][name])
+        other = torch.from_numpy(per_layer[0][name.replace(".block.", ".")])  # no checkpoint wrapper there
         torch.testing.assert_close(other, torch.from_numpy(value), atol=tol, rtol=0)

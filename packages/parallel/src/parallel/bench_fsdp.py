@@ -14,7 +14,7 @@ over ``--steps`` timed steps (after ``--warmup``) of the slower rank; ``vs_fsdp2
 ``torch.cuda.max_memory_allocated`` over the timed steps (the larger rank). TFLOP/s per GPU uses
 ``analysis.accounting.train_step_flops``. Evidence of overlap: for ours, every all-gather of the last timed
 step is timed against the moment the compute stream needed it (``FSDP.gather_slack``); then one profiled step
-of each implementation (``torch.profiler``, after a profiled warm-up) is drawn as kernels per CUDA stream.
+of each implementation (``torch.profiler``) is drawn as kernels per CUDA stream.
 
 Writes into ``--out``: ``fsdp.csv``, ``fsdp.md``, ``fsdp-gathers.csv``, ``fsdp-trace-<impl>.json.gz`` and
 ``figures/fsdp-timeline.png``. Needs 2+ CUDA GPUs (NCCL).
@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import gc
 import gzip
+import json
 import shutil
 import statistics
 import tempfile
@@ -37,7 +38,7 @@ from parallel.bench_zero import parse_run_arguments, random_batch, sdpa
 from parallel.fsdp import FSDP
 from parallel.launch import spawn
 from parallel.report import environment, markdown_table, write_csv, write_text
-from parallel.trace_plot import plot_timelines
+from parallel.trace_plot import load_trace, plot_timelines
 
 GIB = 2**30
 IMPLS = ("ours", "fsdp2")
@@ -91,15 +92,13 @@ def _step(model, optimizer, finish, x, y) -> None:
 
 
 def _profile(step, path: Path | None) -> None:
-    """One profiled step after a profiled warm-up; rank 0 writes the gzipped Chrome trace."""
-    from torch.profiler import ProfilerActivity, profile, schedule
+    """One profiled step (the model is warm already); rank 0 writes the gzipped Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 schedule=schedule(wait=0, warmup=1, active=1)) as prof:
-        for _ in range(2):
-            step()
-            torch.cuda.synchronize()
-            prof.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
     if path is not None:
         with tempfile.TemporaryDirectory() as tmp:
             raw = Path(tmp) / "trace.json"
@@ -190,8 +189,34 @@ def gather_summary(gathers: pd.DataFrame) -> pd.DataFrame:
     }).reset_index()
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parse_run_arguments(__doc__, argv, warmup=3, steps=6, out_help="folder of tables, traces, figures")
+PHASES = ("forward", "backward", "optimizer")
+
+
+def plot_step_timelines(out: Path, title: str) -> dict[str, dict]:
+    """``figures/fsdp-timeline.png`` from the traces in ``out``, shading only the step's three phases.
+
+    FSDP2 and the optimizer open many ``record_function`` ranges of their own; they are left out of the
+    figure (not out of the trace files) so that the phases stay readable.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        traces = {}
+        for impl in IMPLS:
+            ranges = ("user_annotation", "gpu_user_annotation")
+            events = [e for e in load_trace(out / f"fsdp-trace-{impl}.json.gz")
+                      if e.get("cat") not in ranges or e.get("name") in PHASES]
+            traces[impl] = Path(tmp) / f"{impl}.json"
+            traces[impl].write_text(json.dumps({"traceEvents": events}))
+        return plot_timelines(traces, out / "figures" / "fsdp-timeline.png", title=title)
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame | None:
+    args = parse_run_arguments(__doc__, argv, warmup=3, steps=6, out_help="folder of tables, traces, figures",
+                               replot=True)
+    title = f"{args.preset}, BF16, {args.world_size} GPUs: one training step, rank 0"
+    if args.replot:
+        for impl, s in plot_step_timelines(args.out, title).items():
+            print(f"{impl}: {s}")
+        return None
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{args.preset}: ours and FSDP2, {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)
@@ -203,9 +228,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     write_csv(gathers, args.out / "fsdp-gathers.csv")
     env = ", ".join(f"{k} {v}" for k, v in environment().items())
     write_text(args.out / "fsdp.md", f"{env}\n\n{markdown_table(df)}\n\n{markdown_table(summary)}\n")
-    traces = {impl: args.out / f"fsdp-trace-{impl}.json.gz" for impl in IMPLS}
-    plot_timelines(traces, args.out / "figures" / "fsdp-timeline.png",
-                   title=f"{args.preset}, BF16, {args.world_size} GPUs: one training step, rank 0")
+    plot_step_timelines(args.out, title)
     print(markdown_table(summary))
     print(markdown_table(df))
     return df

@@ -150,8 +150,10 @@ def _table(preset: str, world_size: int, per_rank: list[list[dict]]) -> pd.DataF
     return df
 
 
-def parse_run_arguments(doc: str, argv: list[str] | None, warmup: int, steps: int, out_help: str):
-    """The options both sharding benchmarks share; exits unless enough GPUs are present."""
+def parse_run_arguments(doc: str, argv: list[str] | None, warmup: int, steps: int, out_help: str,
+                        replot: bool = False):
+    """The options both sharding benchmarks share (``replot``: add ``--replot``); exits unless enough GPUs
+    are present for a measuring run."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--preset", default="xl", help="cs336_basics preset")
@@ -161,8 +163,11 @@ def parse_run_arguments(doc: str, argv: list[str] | None, warmup: int, steps: in
     parser.add_argument("--steps", type=int, default=steps, help="timed steps")
     parser.add_argument("--timeout", type=float, default=500, help="seconds before the workers are stopped")
     parser.add_argument("--out", type=Path, default=Path("docs"), help=out_help)
+    if replot:
+        parser.add_argument("--replot", action="store_true",
+                            help="only redraw the figure from the traces already in --out (no GPU needed)")
     args = parser.parse_args(argv)
-    if torch.cuda.device_count() < args.world_size:
+    if not getattr(args, "replot", False) and torch.cuda.device_count() < args.world_size:
         raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")
     return args
 
