@@ -243,6 +243,46 @@ def test_replicated_gradients_identical_and_nothing_left_gathered():
     torch.testing.assert_close(averaged, model.ln_final.weight.grad, atol=1e-6, rtol=1e-5)
 
 
+def _prefetch_distance(rank, world_size, prefetch):
+    fsdp = FSDP(_model(tied=True), prefetch=prefetch)
+    opt = torch.optim.SGD(fsdp.parameters(), lr=0.5)
+    for step in range(3):
+        x, y = _batch(step, rank)
+        cross_entropy(fsdp(x), y).backward()
+        fsdp.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+    return {n: t.numpy() for n, t in fsdp.gather_full_params().items()}
+
+
+def test_prefetch_distance_changes_no_result():
+    results = [spawn(_prefetch_distance, 2, prefetch, timeout=120)[0] for prefetch in (0, 1, 3)]
+    for other in results[1:]:
+        for name, value in results[0].items():
+            assert (value == other[name]).all(), name
+
+
+def _load_partial(rank, world_size, strict, bad_shape):
+    fsdp = FSDP(_model())
+    state = _model(seed=3).state_dict()
+    del state["ln_final.weight"]
+    if bad_shape:
+        state["lm_head.weight"] = torch.zeros(3, 3)
+    fsdp.load_state_dict(state, strict=strict)
+    full = fsdp.gather_full_params()
+    return full["lm_head.weight"].numpy(), full["ln_final.weight"].numpy()
+
+
+def test_load_state_dict_checks_keys_and_shapes():
+    head, gain = spawn(_load_partial, 2, False, False, timeout=60)[0]
+    assert (head == _model(seed=3).lm_head.weight.detach().numpy()).all()
+    assert (gain == 1).all()  # absent from the state dict: kept as it was
+    with pytest.raises(Exception, match=r"missing keys \['ln_final.weight'\]"):
+        spawn(_load_partial, 2, True, False, timeout=60)
+    with pytest.raises(Exception, match=r"state_dict\['lm_head.weight'\] has shape \(3, 3\)"):
+        spawn(_load_partial, 2, False, True, timeout=60)
+
+
 def _bad(rank, world_size, kwargs):
     FSDP(_model(), **kwargs)
 
