@@ -63,7 +63,7 @@ def read_bus_bandwidth(path: Path) -> tuple[float, str] | None:
     try:
         picked = [
             (int(float(_column(r, "processes", "world_size"))), float(r["size_bytes"]),
-             float(_column(r, "busbw_GBps", "busbw")))
+             float(_column(r, "busbw_GBps", "busbw")), r.get("device") or "", r.get("date") or "")
             for r in rows
             if _column(r, "collective", "op").lower().replace("-", "_") == "all_reduce"
             and r.get("backend", "nccl").lower() == "nccl"
@@ -72,11 +72,12 @@ def read_bus_bandwidth(path: Path) -> tuple[float, str] | None:
         raise ValueError(f"{path}: cannot read all-reduce bus bandwidth ({err})") from err
     if not picked:
         return None
-    ranks = 2 if any(r == 2 for r, _, _ in picked) else min(r for r, _, _ in picked)
-    _, size, value = max((row for row in picked if row[0] == ranks), key=lambda row: row[1])
+    ranks = 2 if any(row[0] == 2 for row in picked) else min(row[0] for row in picked)
+    _, size, value, device, date = max((row for row in picked if row[0] == ranks), key=lambda row: row[1])
     busbw = value if value > 1e6 else value * 1e9
+    measured = f" ({device}, {date})" if device or date else ""
     source = (
-        f"`{path.name}`: NCCL all-reduce of {size / 2**20:.0f} MiB on {ranks} GPUs, "
+        f"`{path.name}`: NCCL all-reduce of {size / 2**20:.0f} MiB on {ranks} GPUs{measured}, "
         f"bus bandwidth {busbw / 1e9:.0f} GB/s"
     )
     return busbw, source
