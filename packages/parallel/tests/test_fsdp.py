@@ -291,6 +291,7 @@ def _bad(rank, world_size, kwargs):
     (dict(unit_modules=("TransformerBlock",)), "unit_modules must be nn.Module subclasses"),
     (dict(compute_dtype=torch.int8), "compute_dtype must be a floating-point"),
     (dict(prefetch=-1), "prefetch must be a non-negative int"),
+    (dict(measure_gathers=True), "measure_gathers times CUDA streams"),
 ])
 def test_bad_arguments(kwargs, message):
     with pytest.raises(Exception, match=message):

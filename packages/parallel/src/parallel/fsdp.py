@@ -176,6 +176,8 @@ class FSDP(nn.Module):
             torch.device("cuda", torch.cuda.current_device()) if self._nccl else torch.device("cpu"))
         if self._nccl and self.device.type != "cuda":
             raise ValueError(f"the NCCL backend needs a CUDA device, got device={self.device}")
+        if measure_gathers and self.device.type != "cuda":
+            raise ValueError(f"measure_gathers times CUDA streams; device {self.device} has none")
         self.compute_dtype = compute_dtype or torch.float32
         self.reduce_dtype = reduce_dtype or self.compute_dtype
         self.prefetch = prefetch
