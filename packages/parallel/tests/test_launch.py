@@ -55,3 +55,9 @@ def test_bad_world_size():
 def test_spawn_start_method_runs_functions_of_test_files():
     # This file is imported by path (pytest's importlib mode): the children load it by file.
     assert spawn(_sum_ranks, 2, 2.0, backend="gloo", start_method="spawn", timeout=90) == [6.0, 6.0]
+
+
+def test_single_worker_after_parent_used_threads():
+    torch.set_num_threads(2)
+    (torch.randn(256, 256) @ torch.randn(256, 256)).sum()  # the parent's OpenMP pool is now live
+    assert spawn(_sum_ranks, 1, 2.0, timeout=60) == [2.0]

@@ -105,17 +105,20 @@ def _picklable(fn: Callable[..., Any]) -> Callable[..., Any] | _FunctionByFile:
     return _FunctionByFile(fn.__module__, fn.__qualname__, code.co_filename)
 
 
-def _worker(fn, rank, world_size, backend, port, args, results, timeout_s) -> None:
+def _worker(fn, rank, world_size, backend, port, args, results, timeout_s, num_threads) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
     )
     try:
         if isinstance(fn, _FunctionByFile):
             fn = fn.resolve()
         if backend == "gloo":
-            # Like torchrun's OMP_NUM_THREADS=1: workers sharing the cores must not each take them all.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            torch.set_num_threads(num_threads)
         init_process_group(rank, world_size, backend, timeout_s)
         value = fn(rank, world_size, *args)
         results.put((rank, "ok", value))
@@ -152,11 +155,16 @@ def spawn(
         # torch.optim imports torch._dynamo on the first step (seconds); once here, shared by every fork.
         importlib.import_module("torch._dynamo")
     target = fn if start_method == "fork" else _picklable(fn)
+    # Workers sharing the cores must not each take them all (torchrun sets OMP_NUM_THREADS=1). A forked
+    # child stays on one thread: growing an OpenMP pool the parent already used hangs after fork.
+    num_threads = 1 if start_method == "fork" else max(1, (os.cpu_count() or 1) // world_size)
     results = ctx.Queue()
     port = free_port()
     procs = [
         ctx.Process(
-            target=_worker, args=(target, r, world_size, backend, port, args, results, timeout), daemon=True
+            target=_worker,
+            args=(target, r, world_size, backend, port, args, results, timeout, num_threads),
+            daemon=True,
         )
         for r in range(world_size)
     ]
