@@ -92,18 +92,3 @@ def test_write_json_replaces_atomically(tmp_path):
     write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert [p.name for p in path.parent.iterdir()] == ["result.json"]
-
-
-def test_checkpoint_count_is_the_fewest_that_fit():
-    from leaderboard.optimized import checkpoint_count
-
-    layers, shard, inputs, extra, headroom = 34, 16 * GIB, GIB // 4, 4 * GIB, 16 * GIB
-    count = checkpoint_count(layers, 140 * GIB, shard, inputs, extra, headroom)
-
-    def peak(checkpointed):  # beyond the parameter shards, which are allocated already
-        return 2 * shard + layers * inputs + headroom + (layers - checkpointed) * extra
-
-    assert 0 < count < layers
-    assert peak(count) <= 140 * GIB < peak(count - 1)
-    assert checkpoint_count(layers, 10_000 * GIB, shard, inputs, extra, headroom) == 0
-    assert checkpoint_count(layers, 50 * GIB, shard, inputs, extra, headroom) == layers

@@ -86,8 +86,10 @@ def run_check(rank: int, world_size: int, device: torch.device, recipe: Recipe) 
     ``{"passed", "rows", "table"}``."""
     recipe.validate(world_size)
     cfg = recipe.model_config()
-    if recipe.checkpoint_blocks < 0:  # exercise both kept and recomputed blocks
-        recipe = recipe.with_(checkpoint_blocks=cfg.num_layers // 2)
+    if recipe.checkpoint_blocks < 0:  # exercise recomputed blocks, recomputed SwiGLUs and kept blocks
+        recipe = recipe.with_(
+            checkpoint_blocks=max(1, cfg.num_layers // 3), checkpoint_ffn=max(1, cfg.num_layers // 3)
+        )
     tokens, targets = random_batch(
         cfg.vocab_size, recipe.batch_size, cfg.context_length, recipe.seed + 1, device
     )

@@ -3,10 +3,10 @@
 Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed order:
 1. attention slot: the fastest kernel measured at the real shape (``flashattn``'s Triton kernel or
    SDPA cuDNN / flash; ``attention.choose_attention``);
-2. ``torch.compile`` of the RMSNorm, RoPE and SwiGLU modules, one region each, reused by every block
+2. ``torch.compile`` of the RMSNorm, RoPE and SwiGLU forwards, one graph each, shared by every block
    (bounded compile time; the attention kernel and the FSDP hooks stay outside the graphs);
-3. activation checkpointing of only as many blocks as memory demands (``recipe.checkpoint_blocks``,
-   or, when -1, counted from one block's measured saved-activation bytes and the free memory);
+3. activation checkpointing only where memory demands it (``checkpoint_plan``: the SwiGLU of some
+   blocks, whole blocks only if that is not enough; or the recipe's fixed counts);
 4. sharding: torch FSDP2 ``fully_shard`` per block and root, or our ``parallel.FSDP`` (flat fp32 shards
    per block unit), BF16 compute, fp32 reduction and master weights; the model is built on meta and
    materialized sharded;
@@ -17,18 +17,17 @@ Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed orde
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-from cs336_basics import BasicsTransformerLM, RotaryEmbedding, TransformerBlock, build_model
+from cs336_basics import BasicsTransformerLM, TransformerBlock, build_model
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from .attention import choose_attention
 from .baseline import ChunkedLossLM, hidden_states
+from .checkpoint_plan import CheckpointPlan, auto_plan
 from .fused_adamw import TritonAdamW
 from .fused_cross_entropy import linear_cross_entropy
-from .metrics import GIB
 from .recipes import Recipe
-from .sharding import checkpoint_forward, fsdp2_accessors, materialize, shard_fsdp2
+from .sharding import fsdp2_accessors, materialize, shard_fsdp2
 from .trainer import Trainer
 
 SHARDING_NAMES = {
@@ -58,98 +57,48 @@ class FusedLossLM(nn.Module):
         return self.lm.lm_head(hidden_states(self.lm, tokens), targets)
 
 
+def compile_forward(module: nn.Module) -> None:
+    """Replace ``module``'s forward with its ``torch.compile``d version (instance attribute).
+
+    Dynamo caches per code object, so every instance of a class shares one compiled graph; wrappers
+    applied later (checkpointing) wrap the compiled forward.
+    """
+    module.forward = torch.compile(module.forward)
+
+
 def compile_block_regions(block: TransformerBlock) -> None:
-    """Compile a block's two norms, its SwiGLU and its RoPE module in place (one graph each, shared)."""
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    block.ln1.compile()
-    block.ln2.compile()
-    block.ffn.compile()
-    if block.attn.rope is not None:
-        block.attn.rope.compile()
+    """Compile a block's two RMSNorms and its SwiGLU (the attention kernel and RoPE are compiled apart)."""
+    for module in (block.ln1, block.ln2, block.ffn):
+        compile_forward(module)
 
 
-def saved_activation_bytes(
-    recipe: Recipe, attention, dtype: torch.dtype, batch: int, device: torch.device
-) -> int:
-    """Bytes one block keeps for backward beyond its ``(batch, seq, d_model)`` input (which the caller
-    holds anyway), measured by the allocator.
+def _prepare_probe(recipe: Recipe):
+    def prepare(block: TransformerBlock) -> None:
+        if recipe.compile_regions:
+            compile_block_regions(block)
+            compile_forward(block.attn.rope)
 
-    Runs a forward of a separate, unsharded block built like the model's (same attention kernel and
-    compiled regions), so the measurement involves no collective and also warms the compiled code.
-    """
-    cfg = recipe.model_config()
-    rope = RotaryEmbedding(cfg.rope_theta, cfg.d_model // cfg.num_heads, cfg.context_length)
-    block = TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, rope, attention, device, dtype)
-    if recipe.compile_regions:
-        compile_block_regions(block)
-    x = torch.randn(batch, cfg.context_length, cfg.d_model, device=device, dtype=dtype, requires_grad=True)
-    positions = torch.arange(cfg.context_length, device=device)
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    out = block(x, positions)
-    torch.cuda.synchronize(device)
-    saved = torch.cuda.memory_allocated(device) - before - out.numel() * out.element_size()
-    del out, x, block
-    return max(saved, 0)
+    return prepare
 
 
-def checkpoint_count(
-    layers: int,
-    available_bytes: int,
-    shard_bytes: int,
-    input_bytes: int,
-    extra_per_kept: int,
-    headroom_bytes: int,
-) -> int:
-    """Fewest of ``layers`` blocks to checkpoint so a training step fits in ``available_bytes`` (what can
-    still be allocated once the fp32 parameter shards exist).
-
-    The checkpointed blocks are the first ones, so backward rebuilds their activations last, once the
-    kept blocks' activations are gone: memory peaks when backward starts, holding besides the params the
-    two AdamW moments (``2 * shard_bytes``; the gradients grow only as activations are freed), every
-    block's input (``input_bytes`` each), ``extra_per_kept`` per kept block and ``headroom_bytes``
-    (gathered weights, gradient buffers, the loss chunks).
-    """
-    fixed = 2 * shard_bytes + layers * input_bytes + headroom_bytes
-    keep = (available_bytes - fixed) // max(extra_per_kept, 1)
-    return int(min(layers, max(0, layers - keep)))
-
-
-def _available_bytes(device: torch.device) -> int:
-    """Bytes that can still be allocated on ``device``: free device memory plus what the caching allocator
-    holds unused (the CUDA context, cuBLAS and NCCL buffers are already out); the minimum over ranks."""
-    free, _ = torch.cuda.mem_get_info(device)
-    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    available = torch.tensor([free + unused], dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(available, op=dist.ReduceOp.MIN)
-    return int(available.item())
-
-
-def blocks_to_checkpoint(
+def checkpoint_plan(
     recipe: Recipe, params: list[Tensor], attention, batch: int, device: torch.device, dtype: torch.dtype
-) -> tuple[int, dict]:
-    """How many blocks to recompute: the recipe's number, or the fewest that fit the measured memory
-    (the same on every rank)."""
+) -> tuple[CheckpointPlan, dict]:
+    """The recipe's fixed number of fully recomputed blocks, or (``checkpoint_blocks == -1`` on CUDA) the
+    cheapest plan that fits the measured memory (the same on every rank)."""
     cfg = recipe.model_config()
-    layers = cfg.num_layers
     if recipe.checkpoint_blocks >= 0:
-        return min(recipe.checkpoint_blocks, layers), {"checkpoint_rule": "fixed by recipe"}
+        block = min(recipe.checkpoint_blocks, cfg.num_layers)
+        ffn = min(recipe.checkpoint_ffn, cfg.num_layers - block)
+        plan = CheckpointPlan(block, ffn, cfg.num_layers - block - ffn)
+        return plan, {"checkpoint_rule": "fixed by recipe"}
     if device.type != "cuda":
-        return 0, {"checkpoint_rule": "auto on a CPU: none"}
-    # Every block's input stays alive (the residual stream); a kept block adds what it saves beyond it.
-    extra_per_kept = saved_activation_bytes(recipe, attention, dtype, batch, device)
-    input_bytes = batch * cfg.context_length * cfg.d_model * torch.finfo(dtype).bits // 8
+        return CheckpointPlan(0, 0, cfg.num_layers), {"checkpoint_rule": "auto on a CPU: none"}
     shard_bytes = sum(_local(p).numel() * 4 for p in params)
-    available = _available_bytes(device)
-    headroom = int(recipe.memory_headroom_gib * GIB)
-    count = checkpoint_count(layers, available, shard_bytes, input_bytes, extra_per_kept, headroom)
-    return count, {
-        "checkpoint_rule": "auto",
-        "saved_activation_gib_per_block": (extra_per_kept + input_bytes) / GIB,
-        "fp32_shard_gib": shard_bytes / GIB,
-        "available_gib_before_step": available / GIB,
-    }
+    plan, info = auto_plan(
+        cfg, batch, attention, dtype, device, shard_bytes, recipe.memory_headroom_gib, _prepare_probe(recipe)
+    )
+    return plan, {"checkpoint_rule": "auto", **info}
 
 
 def _local(t: Tensor) -> Tensor:
@@ -175,7 +124,8 @@ def build_optimized(
     if recipe.compile_regions:
         for block in lm.layers:
             compile_block_regions(block)
-        lm.ln_final.compile()
+        compile_forward(lm.layers[0].attn.rope)  # one RotaryEmbedding shared by every block
+        compile_forward(lm.ln_final)
     if recipe.sharding == "ours":
         from parallel.fsdp import FSDP
 
@@ -197,11 +147,8 @@ def build_optimized(
         shard_fsdp2(root, list(lm.layers), compute_dtype)
         materialize(root, device, recipe.seed)
         model, params, accessors, finish = root, list(root.parameters()), fsdp2_accessors(root), None
-    checkpointed, checkpoint_info = blocks_to_checkpoint(
-        recipe, params, attention, batch_per_rank, device, compute_dtype
-    )
-    for block in list(lm.layers)[:checkpointed]:
-        checkpoint_forward(block)
+    plan, checkpoint_info = checkpoint_plan(recipe, params, attention, batch_per_rank, device, compute_dtype)
+    plan.apply(list(lm.layers))
 
     use_triton = recipe.optimizer == "triton" or (recipe.optimizer == "auto" and device.type == "cuda")
     optimizer_cls = TritonAdamW if use_triton else torch.optim.AdamW
@@ -223,7 +170,8 @@ def build_optimized(
         "sharding": SHARDING_NAMES[recipe.sharding],
         **attention_info,
         "compiled_regions": recipe.compile_regions,
-        "checkpointed_blocks": checkpointed,
+        "checkpointed_blocks": plan.block,
+        "ffn_checkpointed_blocks": plan.ffn,
         **checkpoint_info,
         "loss": "fused LM head + cross-entropy" if recipe.fused_loss else "chunked F.cross_entropy",
         "optimizer": "Triton AdamW" if use_triton else f"torch.optim.AdamW(fused={extra['fused']})",

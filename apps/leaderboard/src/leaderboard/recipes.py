@@ -23,8 +23,9 @@ from cs336_basics import ModelConfig, get_preset
 class Recipe:
     """One benchmark configuration.
 
-    ``checkpoint_blocks`` is how many Transformer blocks the optimized step recomputes in backward:
-    an integer, or -1 for "as few as the measured free memory allows". The baseline always
+    ``checkpoint_blocks`` is how many Transformer blocks the optimized step recomputes in backward (and
+    ``checkpoint_ffn`` how many more recompute only their SwiGLU), or -1 for the cheapest plan that the
+    measured memory allows (``checkpoint_plan``). The baseline always
     checkpoints every block.
     """
 
@@ -38,7 +39,8 @@ class Recipe:
     weight_decay: float = 0.01
     loss_chunk_tokens: int = 4096  # tokens per chunk of the fused LM head + cross-entropy
     checkpoint_blocks: int = -1
-    memory_headroom_gib: float = 10.0  # left free when choosing checkpoint_blocks automatically
+    checkpoint_ffn: int = 0  # with checkpoint_blocks >= 0: the next blocks recompute only their SwiGLU
+    memory_headroom_gib: float = 10.0  # left free when planning checkpointing automatically
     compile_regions: bool = True  # torch.compile RMSNorm, RoPE and SwiGLU, one region each
     attention: str = "auto"  # "auto" (fastest measured), "flashattn", "cudnn", "flash", "efficient", "math"
     fused_loss: bool = True  # fused LM head + cross-entropy; False: chunked F.cross_entropy as the baseline
@@ -142,7 +144,7 @@ def ablation_steps(recipe: Recipe, device_type: str) -> list[tuple[str, bool, di
     step["compile_regions"] = True
     rows.append(("+ torch.compile of RMSNorm, RoPE, SwiGLU", False, dict(step)))
     step["checkpoint_blocks"] = -1
-    rows.append(("+ checkpoint only the blocks memory needs", False, dict(step)))
+    rows.append(("+ recompute only what memory needs (SwiGLUs first, then whole blocks)", False, dict(step)))
     step["optimizer"] = "auto"  # Triton on CUDA; torch where Triton cannot run
     rows.append(("+ Triton AdamW", False, dict(step)))
     step["attention"] = "auto"

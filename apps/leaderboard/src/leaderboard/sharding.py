@@ -19,10 +19,10 @@ from torch.utils.checkpoint import checkpoint
 def checkpoint_forward(module: nn.Module) -> None:
     """Recompute ``module``'s forward in backward instead of keeping its activations.
 
-    Replaces the instance's ``forward`` (not the module), so names, hooks and FSDP units are unchanged.
+    Wraps the instance's current ``forward`` (a compiled one too) in a non-reentrant checkpoint; the
+    module itself is not replaced, so names, hooks and FSDP units are unchanged.
     """
-    inner = type(module).forward.__get__(module)
-    module.forward = functools.partial(checkpoint, inner, use_reentrant=False)
+    module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
 
 
 def shard_fsdp2(root: nn.Module, blocks: list[nn.Module], compute_dtype: torch.dtype | None) -> None:
