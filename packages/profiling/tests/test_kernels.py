@@ -1,12 +1,13 @@
 from types import SimpleNamespace
 
 import pytest
+from torch.autograd import DeviceType
 from profiling.kernels import attribute_kernels, is_matmul, profile_config, range_family, summarize_ranges
 
 
-def _event(name, start, end, kernels=()):
+def _event(name, start, end, kernels=(), device_type=DeviceType.CPU):
     return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), cpu_children=[],
-                           self_cpu_time_total=0.0,
+                           self_cpu_time_total=0.0, device_type=device_type,
                            kernels=[SimpleNamespace(name=k, duration=d) for k, d in kernels])
 
 
@@ -19,6 +20,8 @@ def test_kernels_go_to_every_enclosing_range_per_step():
             _event("forward", t, t + 100),
             _event("block[0]", t + 10, t + 50),
             _event("attention.softmax", t + 20, t + 30),
+            # the same range as drawn on the GPU timeline: late, and must not capture later launches
+            _event("attention.softmax", t + 35, t + 65, device_type=DeviceType.CUDA),
             _event("aten::softmax", t + 21, t + 22, [("softmax_kernel", 4.0)]),
             _event("aten::mm", t + 40, t + 41, [("sm90_xmma_gemm_f32", 10.0)]),
             _event("aten::mm", t + 60, t + 61, [("nvjet_tst_128x64", 6.0)]),

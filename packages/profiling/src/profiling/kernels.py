@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from . import ranges
@@ -66,8 +67,11 @@ def attribute_kernels(events: list, steps: int, range_names: set[str] | None = N
     """
     families = range_names or {"forward", "backward", "optimizer_step", "block",
                                "attention.scores", "attention.softmax", "attention.weighted_sum"}
+    # CPU-side ranges only: the profiler also draws each range on the GPU timeline (from its first to
+    # its last kernel), and those spans lag behind the CPU and would swallow later launches.
     spans = [(e.time_range.start, e.time_range.end, range_family(e.name))
-             for e in events if range_family(e.name) in families]
+             for e in events if range_family(e.name) in families
+             and getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU]
     launches = []
     for e in events:
         if getattr(e, "kernels", None):

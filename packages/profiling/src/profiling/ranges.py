@@ -1,7 +1,7 @@
 """Named ranges that Nsight Systems (NVTX) and ``torch.profiler`` (``record_function``) both see.
 
-A range always pushes an NVTX range (the ``nvtx`` package; a no-op costing well under a microsecond
-when no NVTX tool is attached). It also opens a ``record_function`` range, but only while a
+A range always pushes an NVTX range (the ``nvtx`` package, default domain, attributes cached per
+name; about 0.1 µs per push + pop when no NVTX tool is attached). It also opens a ``record_function`` range, but only while a
 ``torch.profiler`` session is running, so leaving ranges on costs nothing measurable otherwise.
 
 Ranges used by this package: ``forward``, ``backward``, ``optimizer_step``, ``block[i]`` (one per
@@ -25,6 +25,8 @@ import torch
 from torch import Tensor, nn
 
 _enabled = True
+_DOMAIN = nvtx.get_domain()  # the default domain; attributes are built once per range name
+_ATTRIBUTES: dict[str, object] = {}
 PHASES = ("forward", "backward", "optimizer_step")
 _phase_log: list[tuple[str, int, int]] | None = None
 
@@ -47,7 +49,10 @@ def push(name: str) -> object | None:
     """Open range ``name``; returns a token for :func:`pop` (None when ranges are off)."""
     if not _enabled:
         return None
-    nvtx.push_range(name)
+    attributes = _ATTRIBUTES.get(name)
+    if attributes is None:
+        attributes = _ATTRIBUTES[name] = _DOMAIN.get_event_attributes(message=name)
+    _DOMAIN.push_range(attributes)
     if _profiler_active():
         rf = torch.autograd.profiler.record_function(name)
         rf.__enter__()
@@ -61,19 +66,20 @@ def pop(token: object | None) -> None:
         return
     if isinstance(token, torch.autograd.profiler.record_function):
         token.__exit__(None, None, None)
-    nvtx.pop_range()
+    _DOMAIN.pop_range()
 
 
 @contextlib.contextmanager
 def annotate(name: str) -> Iterator[None]:
     """Context manager form of :func:`push` / :func:`pop` (also logs phases, see :func:`log_phases`)."""
     token = push(name)
-    start_us = time.time_ns() // 1000
+    logged = _phase_log is not None and name in PHASES
+    start_us = time.time_ns() // 1000 if logged else 0
     try:
         yield
     finally:
         pop(token)
-        if _phase_log is not None and name in PHASES:
+        if logged:
             _phase_log.append((name, start_us, time.time_ns() // 1000))
 
 
