@@ -1,8 +1,8 @@
 from types import SimpleNamespace
 
 import pytest
-from torch.autograd import DeviceType
 from profiling.kernels import attribute_kernels, is_matmul, profile_config, range_family, summarize_ranges
+from torch.autograd import DeviceType
 
 
 def _event(name, start, end, kernels=(), device_type=DeviceType.CPU):
