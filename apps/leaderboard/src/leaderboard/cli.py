@@ -88,8 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=None,
         metavar="S",
-        help="with --ablation: start no further row once S seconds since launch plus the last row's "
-        "duration would be exceeded (the rows left out are listed as skipped)",
+        help="with --ablation: start no further row once S seconds since launch plus the shortest row "
+        "so far would be exceeded (the rows left out are listed as skipped)",
     )
     parser.add_argument(
         "--row-steps",

@@ -144,7 +144,7 @@ def run_ablation(
     ``ablation_alternatives``; returns ``runs`` in that row order.
 
     The baseline and the fully optimized row run first, then the rows between, then the alternatives, so
-    a ``time_budget`` (seconds since launch, checked before each row against the last row's duration)
+    a ``time_budget`` (seconds since launch, checked before each row against the shortest row so far)
     drops those last rows first; dropped rows are recorded as skipped, a row that raises (e.g. out of
     memory) with its error, and the next row runs. ``on_row(runs)`` is called on rank 0 after every row
     (partial results).
@@ -158,10 +158,10 @@ def run_ablation(
     rows += ablation_alternatives(recipe, device.type)
     order = [0, last, *range(1, last), *range(last + 1, len(rows))]
     runs: list[dict | None] = [None] * len(rows)
-    last_row_seconds = 0.0
+    shortest_row = 0.0  # the next row's duration is guessed as the shortest so far (compiling rows are long)
     for index in order:
         label, baseline, overrides = rows[index]
-        late = time_budget is not None and time.time() - launch_time + last_row_seconds > time_budget
+        late = time_budget is not None and time.time() - launch_time + shortest_row > time_budget
         if _max_over_ranks(float(late), device):
             say(f"=== {label}: skipped (time budget of {time_budget:.0f} s)")
             runs[index] = {"label": label, "error": "skipped: time budget"}
@@ -181,7 +181,8 @@ def run_ablation(
         if device.type == "cuda":
             torch.cuda.empty_cache()
         runs[index] = {"label": label, "row_seconds": time.time() - row_start, **run}
-        last_row_seconds = runs[index]["row_seconds"]
+        seconds = runs[index]["row_seconds"]
+        shortest_row = seconds if shortest_row == 0.0 else min(shortest_row, seconds)
         if rank == 0 and on_row is not None:
             on_row([r for r in runs if r is not None])
     return {"runs": runs, "headline": last}
