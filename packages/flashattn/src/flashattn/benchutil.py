@@ -72,13 +72,15 @@ def environment() -> dict[str, str]:
             "cudnn": str(torch.backends.cudnn.version())}  # fmt: skip
 
 
-def write_table(df: pd.DataFrame, out_dir: Path, stem: str, floatfmt: str = ".3g") -> None:
-    """Write ``stem.csv`` and ``stem.md`` under ``out_dir``, each through a temporary name and a rename."""
+def write_table(
+    df: pd.DataFrame, out_dir: Path, stem: str, floatfmt: str = ".3g", markdown: bool = True
+) -> None:
+    """Write ``stem.csv`` (and ``stem.md``) under ``out_dir``, each through a temporary name and a rename."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for suffix, text in (
-        (".csv", df.to_csv(index=False)),
-        (".md", df.to_markdown(index=False, floatfmt=floatfmt)),
-    ):
+    files = [(".csv", df.to_csv(index=False))]
+    if markdown:
+        files.append((".md", df.to_markdown(index=False, floatfmt=floatfmt)))
+    for suffix, text in files:
         final = out_dir / f"{stem}{suffix}"
         tmp = final.with_suffix(suffix + ".tmp")
         tmp.write_text(text)

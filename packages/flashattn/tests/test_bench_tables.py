@@ -1,0 +1,75 @@
+"""The benchmark commands end to end on the CPU, with the GPU timing replaced: tables, markers, ratios, files."""
+
+import math
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from flashattn import bench, bench_pytorch_attention
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Timings that grow with the work, SDPA refusing fp32 like the real kernels, and 30 GiB free."""
+
+    def fake_time_passes(fn, q, k, v, causal, warmup_ms, rep_ms):
+        if fn is bench.IMPLEMENTATIONS["sdpa_flash"] and q.dtype == torch.float32:
+            raise RuntimeError("No available kernel. Aborting execution.")
+        base = q.shape[0] * q.shape[1] * q.shape[2] ** 2 * q.shape[3] * 1e-9
+        slow = {"ours": 1.0, "naive": 4.0, "sdpa_flash": 1.5, "sdpa_cudnn": 0.8}[
+            next(n for n, f in bench.IMPLEMENTATIONS.items() if f is fn)
+        ]
+        return {"fwd": base * slow, "bwd": 2.5 * base * slow, "fwd+bwd": 3.5 * base * slow}
+
+    monkeypatch.setattr(bench, "time_passes", fake_time_passes)
+    monkeypatch.setattr(bench, "precompile", lambda variants, jobs: [])
+    monkeypatch.setattr(bench, "matmul_tflops", lambda: 795.0)
+    monkeypatch.setattr(bench, "MULTIHEAD_SHAPES", [(1, 4, 512, 64)])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (30 * 2**30, 141 * 2**30))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench.torch, "randn", lambda *shape, **kw: torch.empty(*shape, dtype=kw["dtype"]))
+
+
+def test_bench_writes_ratio_tables_and_marks_cells(fake_gpu, tmp_path, monkeypatch):
+    argv = [
+        "bench",
+        "--out",
+        str(tmp_path),
+        "--seqs",
+        "128",
+        "65536",
+        "--head-dims",
+        "32",
+        "--dtypes",
+        "bf16",
+        "fp32",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    sweep = pd.read_csv(tmp_path / "sweep.csv")
+    assert {"sweep.md", "multihead.md", "flashattn-bench.png", "sweep_cells.csv"} <= {
+        p.name for p in tmp_path.iterdir()
+    }
+    assert len(sweep) == 2 * 2 * 3  # dtypes x seqs x passes
+    long = sweep[sweep["seq"] == 65536]
+    assert long["naive ms"].str.startswith("OOM").all(), (
+        "naive needs ~36+ GiB of scores at 65536 > 0.9 x 30 GiB"
+    )
+    fp32 = sweep[sweep["dtype"] == "float32"]
+    assert (fp32["sdpa_flash ms"] == "unsupported").all() and fp32["sdpa_flash/ours"].isna().all()
+    ok = sweep[(sweep["seq"] == 128) & (sweep["dtype"] == "bfloat16")]
+    assert ok["naive/ours"].tolist() == [4.0] * 3 and ok["sdpa_cudnn/ours"].tolist() == [0.8] * 3
+    multi = pd.read_csv(tmp_path / "multihead.csv")
+    fwd = multi[multi["pass"] == "fwd"].iloc[0]
+    expected = 4 * 4 * 512 * 512 * 64 / 2 / (4 * 512**2 * 64 * 1e-9) / 1e9
+    assert math.isclose(fwd["ours TFLOP/s"], round(expected, 1))
+    assert math.isclose(fwd["ours % of matmul"], round(100 * fwd["ours TFLOP/s"] / 795.0, 1))
+
+
+def test_naive_memory_count_is_quadratic():
+    one = bench.naive_bytes(1, 1, 1024, torch.bfloat16)
+    assert bench.naive_bytes(1, 1, 2048, torch.bfloat16) == 4 * one
+    assert bench.naive_bytes(2, 3, 1024, torch.bfloat16) == 6 * one
+    assert bench_pytorch_attention.SAVED_SCORE_TENSORS == 1
