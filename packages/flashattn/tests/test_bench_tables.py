@@ -1,4 +1,4 @@
-"""The benchmark commands end to end on the CPU, with the GPU timing replaced: tables, markers, ratios, files."""
+"""The benchmark commands end to end on the CPU with GPU timing replaced: tables, markers, ratios, files."""
 
 import math
 import sys
@@ -6,7 +6,6 @@ import sys
 import pandas as pd
 import pytest
 import torch
-
 from flashattn import bench, bench_pytorch_attention
 
 
