@@ -32,6 +32,7 @@ def fake_gpu(monkeypatch):
 
 
 def test_bench_writes_ratio_tables_and_marks_cells(fake_gpu, tmp_path, monkeypatch):
+    pytest.importorskip("analysis", reason="the benchmark counts FLOPs with the optional analysis package")
     argv = [
         "bench",
         "--out",

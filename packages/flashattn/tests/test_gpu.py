@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from flashattn import FlashAttention2Triton, flash_attention, reference
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 SHAPES = [  # (batch, heads), seq_q, seq_k, head_dim, causal
     ((2, 3), 1, 33, 16, False),
