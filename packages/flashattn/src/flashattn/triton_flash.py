@@ -339,16 +339,16 @@ class TileConfig(NamedTuple):
 
 
 class KernelConfigs(NamedTuple):
-    """One :class:`TileConfig` per kernel. ``dkdv`` programs own ``block_n`` keys; ``dq`` programs
-    ``block_m``."""
+    """One :class:`TileConfig` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``."""
 
     forward: TileConfig
     dkdv: TileConfig
     dq: TileConfig
 
 
-# Measured on an H200 with `python -m flashattn.tune` (docs/flashattn.md). Keyed by (head_dim, 16-bit?).
-# 16-bit: 128-query forward tiles keep the tensor cores busy; d=128 needs 8 warps for the fp32 accumulator.
+# Keyed by (head_dim, 16-bit?). The (128, 16-bit) entry won every candidate list of `python -m flashattn.tune`
+# on an H200 at (1, 32, 16384, 128) (docs/flashattn.md); the others follow the same reasoning, untimed:
+# 128-query forward tiles keep the tensor cores busy; a 128-wide fp32 accumulator needs 8 warps of registers.
 # fp32 runs IEEE dots on the FMA units and its tiles take twice the shared memory, so its tiles are smaller.
 _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
     (128, True): KernelConfigs(
@@ -368,8 +368,7 @@ _pinned: KernelConfigs | None = None
 
 
 def configs_for(head_dim: int, dtype: torch.dtype) -> KernelConfigs:
-    """The tile table's entry for ``head_dim`` and ``dtype`` (or the pinned one, see
-    :func:`pinned_configs`)."""
+    """The tile table's entry for ``head_dim`` and ``dtype``, or the one pinned by :func:`pinned_configs`."""
     if _pinned is not None:
         return _pinned
     return _CONFIGS[(head_dim, dtype != torch.float32)]
@@ -377,8 +376,7 @@ def configs_for(head_dim: int, dtype: torch.dtype) -> KernelConfigs:
 
 @contextlib.contextmanager
 def pinned_configs(configs: KernelConfigs) -> Iterator[None]:
-    """Use ``configs`` for every launch inside the ``with`` block (tests pin one shape for
-    reproducibility)."""
+    """Use ``configs`` for every launch inside the ``with`` block (tests pin one, to be reproducible)."""
     global _pinned
     previous, _pinned = _pinned, configs
     try:
@@ -392,8 +390,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def launch_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, cfg: TileConfig) -> tuple[Tensor, Tensor]:
-    """Forward on 4-D views ``(B, H, S, d)``: ``o`` (q's dtype and layout) and ``lse`` ``(B, H, seq_q)``
-    fp32."""
+    """Forward on 4-D views ``(B, H, S, d)``: ``o`` (q's dtype and layout), fp32 ``lse`` ``(B, H, seq_q)``."""
     batch, heads, seq_q, head_dim = q.shape
     seq_k = k.shape[2]
     o = torch.empty_like(q)
