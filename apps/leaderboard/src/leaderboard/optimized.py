@@ -127,7 +127,7 @@ def build_optimized(
         compile_forward(lm.layers[0].attn.rope)  # one RotaryEmbedding shared by every block
         compile_forward(lm.ln_final)
     if recipe.sharding == "ours":
-        from parallel.fsdp import FSDP
+        from parallel import FSDP
 
         model = FSDP(
             root,
