@@ -1,3 +1,5 @@
+import sys
+
 import pandas as pd
 import pytest
 import torch
@@ -99,3 +101,19 @@ def test_bad_input_is_named():
 def test_sync_overhead_reports_both_timings():
     result = sync_overhead(lambda: sum(range(1000)), 5, "cpu")
     assert result["per_step_synced_ms"] > 0 and result["back_to_back_ms"] > 0
+
+
+def test_flash_attention_slot_matches_naive(tiny):
+    config = tiny.with_(context_length=13, num_layers=1)
+    outs = []
+    for attention in ("naive", "flash"):
+        w = workload.Workload(config, "forward", attention=attention, device="cpu")
+        with torch.no_grad():
+            outs.append(w.model(w.inputs))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
+def test_missing_flashattn_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashattn", None)
+    with pytest.raises(RuntimeError, match=r"flashattn\.flash_attention"):
+        workload.attention_function("flash")
