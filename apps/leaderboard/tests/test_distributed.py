@@ -60,3 +60,38 @@ def test_ablation_respects_its_time_budget():
     runs = spawn(_ablate_without_time, 2, timeout=120)[0]["runs"]
     assert len(runs) == 7 and runs[0]["label"].startswith("baseline") and "parallel.FSDP" in runs[-1]["label"]
     assert all(run["error"] == "skipped: time budget" for run in runs)
+
+
+@pytest.mark.timeout(300)
+def test_runs_under_torchrun(tmp_path):
+    """``torchrun -m leaderboard.cli`` (gloo on a CPU): each process is one rank; rank 0 writes the result."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
+    env.pop("LEADERBOARD_ARGV", None)
+    out = tmp_path / "result.json"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "leaderboard.cli",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        str(out),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "median step time:" in done.stdout
+    result = json.loads(out.read_text())["result"]
+    assert result["world_size"] == 2 and result["recipe"]["name"] == "tiny" and len(result["steps"]) == 1

@@ -28,7 +28,7 @@ def test_check_passes_on_cuda():
         "context_length=256",
         "--set",
         "compile_regions=false",
-        "--nproc",
+        "--ranks",
         str(min(2, torch.cuda.device_count())),
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=580)

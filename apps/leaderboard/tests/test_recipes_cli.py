@@ -82,7 +82,7 @@ def test_help_lists_every_option(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     text = capsys.readouterr().out
-    for option in ("--preset", "--steps", "--warmup", "--json", "--baseline", "--check", "--set", "--nproc"):
+    for option in ("--preset", "--steps", "--warmup", "--json", "--baseline", "--check", "--set", "--ranks"):
         assert option in text
 
 
@@ -92,3 +92,24 @@ def test_write_json_replaces_atomically(tmp_path):
     write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert [p.name for p in path.parent.iterdir()] == ["result.json"]
+
+
+def test_relaunch_passes_arguments_outside_torchrun(monkeypatch):
+    """torchrun's own parser never sees our options (``--ranks`` would be taken for its ``--nproc...``)."""
+    import subprocess
+
+    from leaderboard import cli
+
+    seen = {}
+
+    def fake_run(command, env):
+        seen["command"], seen["argv"] = command, json.loads(env[cli.ARGV_ENV])
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(cli.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    assert cli.main(["--check", "--ranks", "2", "--set", "context_length=256"]) == 0
+    assert seen["command"][-2:] == ["-m", "leaderboard.cli"] and "--nproc-per-node=2" in seen["command"]
+    assert seen["argv"] == ["--check", "--ranks", "2", "--set", "context_length=256"]
+    monkeypatch.setenv(cli.ARGV_ENV, json.dumps(["--preset", "tiny", "--steps", "7"]))
+    assert cli.parse_args(json.loads(cli.os.environ[cli.ARGV_ENV])).steps == 7

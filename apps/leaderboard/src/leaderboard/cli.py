@@ -3,7 +3,8 @@
 Where it runs:
 - under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set): this process is one rank, on any number of nodes;
 - with 2 or more GPUs and no torchrun: it relaunches itself through ``torch.distributed.run`` with one
-  process per GPU (``--nproc`` to change) and runs ``leaderboard-8b``;
+  process per GPU (``--ranks`` to change) and runs ``leaderboard-8b``; the command line reaches the
+  ranks through the environment, so torchrun never parses it;
 - with one GPU: one process, the largest recipe whose sharded training state fits the GPU;
 - on a CPU-only machine: ``tiny`` on 2 gloo processes (``parallel.launch.spawn``).
 
@@ -27,6 +28,7 @@ import torch
 from .recipes import RECIPES, Recipe, get_recipe
 
 LAUNCH_TIME_ENV = "LEADERBOARD_LAUNCH_TIME"
+ARGV_ENV = "LEADERBOARD_ARGV"  # the relaunching process's arguments, as JSON, for the ranks it starts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="write the resolved recipe, every step and the summary to this JSON file",
     )
     parser.add_argument(
-        "--nproc", type=int, default=None, help="processes on this node (default: one per GPU; 2 on a CPU)"
+        "--ranks", type=int, default=None, help="processes on this node (default: one per GPU; 2 on a CPU)"
     )
     parser.add_argument(
         "--timeout",
@@ -171,7 +173,7 @@ def write_json(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
-def environment() -> dict:
+def environment(argv: list[str]) -> dict:
     import triton
 
     cuda = torch.cuda.is_available()
@@ -184,7 +186,7 @@ def environment() -> dict:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "command": " ".join(sys.argv),
+        "command": " ".join(["train.py", *argv]),
     }
 
 
@@ -227,9 +229,9 @@ def _spawned(rank: int, world_size: int, args, recipe, launch_time) -> dict:
     return rank_main(rank, world_size, torch.device("cpu"), args, recipe, launch_time)
 
 
-def report(result: dict, args: argparse.Namespace, recipe: Recipe) -> None:
+def report(result: dict, args: argparse.Namespace, recipe: Recipe, argv: list[str]) -> None:
     """Rank 0's closing lines and the JSON file."""
-    payload = {"environment": environment(), "resolved_recipe": recipe.as_dict(), "result": result}
+    payload = {"environment": environment(argv), "resolved_recipe": recipe.as_dict(), "result": result}
     if args.json is not None:
         write_json(args.json, payload)
         print(f"wrote {args.json}")
@@ -292,7 +294,7 @@ def _under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def _torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+def _torchrun_command(nproc: int) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -301,25 +303,26 @@ def _torchrun_command(nproc: int, argv: list[str]) -> list[str]:
         f"--nproc-per-node={nproc}",
         "-m",
         "leaderboard.cli",
-        *argv,
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
     launch_time = float(os.environ.get(LAUNCH_TIME_ENV, time.time()))
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before CUDA starts
-    raw_argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(raw_argv)
-    nproc = args.nproc or (torch.cuda.device_count() or 2)
+    if argv is None:
+        argv = json.loads(os.environ[ARGV_ENV]) if ARGV_ENV in os.environ else sys.argv[1:]
+    args = parse_args(argv)
+    nproc = args.ranks or (torch.cuda.device_count() or 2)
     if nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+        raise ValueError(f"--ranks must be >= 1, got {nproc}")
     gpus = min(torch.cuda.device_count(), nproc)  # the GPUs this run uses
     memory = torch.cuda.get_device_properties(0).total_memory if gpus == 1 else 0
     from parallel.launch import free_port, init_from_env, spawn
 
     if _under_torchrun():
         rank, world_size, device = init_from_env()
-        recipe = resolve_recipe(args, int(os.environ.get("LOCAL_WORLD_SIZE", gpus)), memory)
+        gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", gpus)) if device.type == "cuda" else 0
+        recipe = resolve_recipe(args, gpus_per_node, memory)
         if rank == 0:
             print(f"recipe: {json.dumps(recipe.as_dict())}")
         try:
@@ -329,16 +332,16 @@ def main(argv: list[str] | None = None) -> int:
 
             dist.destroy_process_group()
         if rank == 0:
-            report(result, args, recipe)
+            report(result, args, recipe, argv)
         return 0 if not args.check or result["passed"] else 1
     if gpus and nproc > 1:
         if nproc > torch.cuda.device_count():
-            raise ValueError(f"--nproc {nproc} exceeds the {torch.cuda.device_count()} GPUs of this machine")
-        env = dict(os.environ, **{LAUNCH_TIME_ENV: repr(launch_time)})
+            raise ValueError(f"--ranks {nproc} exceeds the {torch.cuda.device_count()} GPUs of this machine")
+        env = dict(os.environ, **{LAUNCH_TIME_ENV: repr(launch_time), ARGV_ENV: json.dumps(argv)})
         src = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
         print(f"launching {nproc} ranks through torch.distributed.run")
-        return subprocess.run(_torchrun_command(nproc, raw_argv), env=env).returncode
+        return subprocess.run(_torchrun_command(nproc), env=env).returncode
     recipe = resolve_recipe(args, gpus, memory)
     print(f"recipe: {json.dumps(recipe.as_dict())}")
     if gpus:  # one GPU, one process: a one-rank group so the sharded code path is the same
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     result = spawn(
         _spawned, nproc, args, recipe, launch_time, backend="gloo", timeout=args.timeout, start_method="fork"
     )[0]
-    report(result, args, recipe)
+    report(result, args, recipe, argv)
     return 0 if not args.check or result["passed"] else 1
 
 

@@ -116,6 +116,12 @@ def run_benchmark(
         if device.type == "cuda"
         else None,
         "allocated_gib_at_start": allocated_at_start,
+        # cudaMalloc retries after freeing the cache: each synchronizes the device (a sign of memory pressure)
+        "allocator_retries": _max_over_ranks(
+            torch.cuda.memory_stats(device).get("num_alloc_retries", 0), device
+        )
+        if device.type == "cuda"
+        else None,
         "setup_seconds": setup_seconds,
         "first_step_seconds": records[0].seconds,
         "launch_to_first_step_end_seconds": first_step_done - launch_time,
