@@ -283,6 +283,7 @@ def ablation_table(runs: list[dict]):
                 "TFLOP/s/GPU": run.get("median_tflops_per_gpu"),
                 "MFU %": 100 * run["median_mfu"] if run.get("median_mfu") is not None else None,
                 "peak GiB/GPU": run.get("peak_memory_gib_per_gpu"),
+                "alloc retries": run.get("allocator_retries"),
                 "first-step loss": run["steps"][0]["loss"] if run.get("steps") else None,
                 "note": run.get("error", ""),
             }
