@@ -1,8 +1,9 @@
 """Applying checkpointing and torch FSDP2 to the unchanged reference model, and reading it back.
 
-Order (fixed, as in the trainers): build on ``meta`` -> checkpoint the chosen blocks -> ``fully_shard``
-each block, then the root -> ``to_empty`` on the device -> ``reset_parameters`` (each rank fills
-only its shard). Parameter names stay those of ``BasicsTransformerLM`` under the root's prefix.
+Order, as in the trainers: build on ``meta`` -> ``fully_shard`` each block, then the root ->
+``to_empty`` on the device -> ``reset_parameters`` (each rank fills only its shard). Checkpointing and
+compilation replace only instance ``forward`` attributes, so they can come before or after sharding.
+Parameter names stay those of ``BasicsTransformerLM`` under the root's prefix (``lm.``).
 """
 
 from __future__ import annotations
