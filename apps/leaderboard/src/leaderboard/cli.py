@@ -82,8 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("full", "ends"),
         default=None,
         help="in one launch, time the baseline, then the optimized step adding one optimization per row "
-        "('full', the default), or only the baseline and the fully optimized step ('ends'); prints a table "
-        "and writes it as CSV and Markdown beside --json",
+        "('full', the default), or only the baseline and the fully optimized step ('ends'); then the "
+        "alternatives (the full step sharded by parallel.FSDP); prints a table and writes it as CSV and "
+        "Markdown beside --json",
     )
     parser.add_argument(
         "--time-budget",
