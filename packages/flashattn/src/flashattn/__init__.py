@@ -22,8 +22,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) ->
 
     CUDA tensors of fp16/bf16/fp32 go to the Triton kernels, everything else to the tiled PyTorch version.
     Matches ``cs336_basics``' attention slot ``(q, k, v, is_causal) -> out``. ``torch.compile`` treats it
-    as an
-    opaque call (a graph break), so compiled models run the kernels unchanged.
+    as an opaque call (a graph break), so compiled models run the kernels unchanged.
     """
     if q.is_cuda and q.dtype != torch.float64:
         return FlashAttention2Triton.apply(q, k, v, is_causal)
