@@ -31,6 +31,7 @@ def test_check_passes_against_the_reference():
     assert results[0]["rows"] == results[1]["rows"]
     trainers = {row["trainer"] for row in results[0]["rows"]}
     assert trainers == {"optimized fp32", "optimized bf16", "baseline bf16"}
+    assert {row["trainer"] for row in results[0]["rows"] if row["metric"] == "grad_rel_err"} == trainers
 
 
 @pytest.mark.timeout(300)

@@ -13,9 +13,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
-def test_check_passes_on_cuda():
-    """``--check`` on the tiny model at context 256 on up to 2 GPUs (torchrun); regions left uncompiled to
-    keep the test short (the CPU check covers them)."""
+@pytest.mark.parametrize("sharding", ["ours", "fsdp2"])
+def test_check_passes_on_cuda(sharding):
+    """``--check`` on the tiny model at context 256 on up to 2 GPUs (torchrun), sharded by parallel.FSDP
+    or torch FSDP2; regions left uncompiled to keep the test short (the CPU check covers them)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     command = [
         sys.executable,
@@ -28,6 +29,8 @@ def test_check_passes_on_cuda():
         "context_length=256",
         "--set",
         "compile_regions=false",
+        "--set",
+        f"sharding={sharding}",
         "--ranks",
         str(min(2, torch.cuda.device_count())),
     ]

@@ -243,6 +243,27 @@ def test_replicated_gradients_identical_and_nothing_left_gathered():
     torch.testing.assert_close(averaged, model.ln_final.weight.grad, atol=1e-6, rtol=1e-5)
 
 
+def _full_grads(rank, world_size, tied):
+    fsdp = FSDP(_model(tied), unit_modules=(TransformerBlock,))
+    x, y = _batch(0, rank)
+    cross_entropy(fsdp(x), y).backward()
+    fsdp.finish_gradient_synchronization()
+    return {name: g.numpy() for name, g in fsdp.gather_full_grads().items()}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_gather_full_grads_equals_single_process_gradients(tied):
+    results = spawn(_full_grads, 2, tied, timeout=120)
+    model = _model(tied)
+    x, y = _full_batch(0, 2)
+    cross_entropy(model(x), y).backward()
+    expected = dict(model.named_parameters())  # tied weights appear once, under their first name
+    for grads in results:
+        assert list(grads) == list(expected)
+        for name, g in grads.items():
+            torch.testing.assert_close(torch.from_numpy(g), expected[name].grad, atol=1e-6, rtol=1e-5)
+
+
 def _prefetch_distance(rank, world_size, prefetch):
     fsdp = FSDP(_model(tied=True), prefetch=prefetch)
     opt = torch.optim.SGD(fsdp.parameters(), lr=0.5)

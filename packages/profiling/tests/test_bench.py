@@ -1,10 +1,11 @@
 import sys
+import time
 
 import pandas as pd
 import pytest
 import torch
-from profiling import bench, workload
-from profiling.timing import sync_overhead, time_steps
+from profiling import bench, ranges, workload
+from profiling.timing import range_overhead, sync_overhead, time_steps
 from profiling.workload import MODES, resolve_config
 
 
@@ -101,6 +102,16 @@ def test_bad_input_is_named():
 def test_sync_overhead_reports_both_timings():
     result = sync_overhead(lambda: sum(range(1000)), 5, "cpu")
     assert result["per_step_synced_ms"] > 0 and result["back_to_back_ms"] > 0
+
+
+def test_range_overhead_sees_a_cost_that_only_ranges_pay():
+    ranges.set_enabled(False)
+    result = range_overhead(lambda: time.sleep(0.004 if ranges.enabled() else 0.002), 2, 4, "cpu")
+    assert not ranges.enabled()  # the caller's setting is restored
+    assert result["steps_each"] == 8
+    assert 50 < result["overhead_pct"] < 150  # 4 ms against 2 ms, give or take the sleep's jitter
+    assert result["noise_pct"] < result["overhead_pct"] / 2
+    ranges.set_enabled(True)
 
 
 def test_flash_attention_slot_matches_naive(tiny):

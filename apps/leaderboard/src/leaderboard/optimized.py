@@ -139,7 +139,7 @@ def build_optimized(
         params = [*model.flat_shards(), *model.replicated_parameters()]
         accessors = (
             lambda: {k.removeprefix("lm."): v for k, v in model.gather_full_params(device).items()},
-            None,
+            lambda: {k.removeprefix("lm."): v for k, v in model.gather_full_grads(device).items()},
             lambda state: model.load_state_dict({"lm." + k: v for k, v in state.items()}),
         )
         finish = model.finish_gradient_synchronization

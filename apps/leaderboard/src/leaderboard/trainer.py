@@ -3,8 +3,7 @@
 A ``Trainer`` holds a sharded model and its optimizer. ``forward_backward(tokens, targets)`` returns
 the local mean loss (gradients reduced across ranks when it returns); ``optimizer_step()`` updates
 the weights and clears the gradients. ``full_parameters()`` / ``full_gradients()`` gather them whole
-(fp32, keyed by the reference model's parameter names; collectives: every rank calls them;
-``full_gradients`` is None where the sharding does not expose per-parameter gradients) and
+(fp32, keyed by the reference model's parameter names; collectives: every rank calls them) and
 ``load_parameters(state)`` sets the weights from such a dict.
 """
 
@@ -24,7 +23,7 @@ class Trainer:
     forward_backward: Callable[[Tensor, Tensor], Tensor]
     optimizer_step: Callable[[], None]
     full_parameters: Callable[[], dict[str, Tensor]]
-    full_gradients: Callable[[], dict[str, Tensor]] | None
+    full_gradients: Callable[[], dict[str, Tensor]]
     load_parameters: Callable[[dict[str, Tensor]], None]
     info: dict = field(default_factory=dict)
 

@@ -149,9 +149,9 @@ def run_ablation(
     """Run the rows of ``ablation_steps`` ("ends": only the first and the last), then the
     ``ablation_alternatives``; returns ``runs`` in that row order.
 
-    The baseline and the fully optimized row run first, then the rows between, then the alternatives, so
+    The baseline and the fully optimized row run first, then the alternatives, then the rows between, so
     a ``time_budget`` (seconds since launch, checked before each row against the shortest row so far)
-    drops those last rows first; dropped rows are recorded as skipped, a row that raises (e.g. out of
+    drops the rows between first; dropped rows are recorded as skipped, a row that raises (e.g. out of
     memory) with its error, and the next row runs. ``on_row(runs)`` is called on rank 0 after every row
     (partial results).
     ``row_steps`` replaces the recipe's measured steps in every row but the baseline and the full step.
@@ -162,7 +162,7 @@ def run_ablation(
         rows = [rows[0], rows[-1]]
     last = len(rows) - 1
     rows += ablation_alternatives(recipe, device.type)
-    order = [0, last, *range(1, last), *range(last + 1, len(rows))]
+    order = [0, last, *range(last + 1, len(rows)), *range(1, last)]
     runs: list[dict | None] = [None] * len(rows)
     shortest_row = 0.0  # the next row's duration is guessed as the shortest so far (compiling rows are long)
     for index in order:

@@ -545,9 +545,13 @@ class FSDP(nn.Module):
         return list(self._replicated)
 
     @torch.no_grad()
-    def _gather_unit_fp32(self, unit: _Unit) -> Tensor:
+    def _gather_unit_fp32(self, unit: _Unit, grads: bool = False) -> Tensor:
+        """The unit's whole flat fp32 value (or gradient: zeros where a shard has none)."""
+        local = unit.shard.detach()
+        if grads:
+            local = unit.shard.grad if unit.shard.grad is not None else torch.zeros_like(local)
         full = torch.empty(unit.padded_numel, dtype=torch.float32, device=self.device)
-        dist.all_gather_into_tensor(full, unit.shard.detach())
+        dist.all_gather_into_tensor(full, local.float())
         return full
 
     @torch.no_grad()
@@ -556,9 +560,15 @@ class FSDP(nn.Module):
 
         Collective: call on every rank. Tied parameters appear once, under their first name.
         """
-        if self._comm_stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self._comm_stream)
-        values = self._full_values(device)
+        return self._by_name(self._full_values(device))
+
+    @torch.no_grad()
+    def gather_full_grads(self, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        """Every parameter's averaged gradient in full fp32 (zeros where none), named and deduplicated as
+        in :meth:`gather_full_params`; call after ``finish_gradient_synchronization``, on every rank."""
+        return self._by_name(self._full_values(device, grads=True))
+
+    def _by_name(self, values: dict[Tensor, Tensor]) -> dict[str, Tensor]:
         out, seen = {}, set()
         for name, p in self._param_names:
             if p not in seen:
@@ -566,16 +576,21 @@ class FSDP(nn.Module):
                 out[name] = values[p]
         return out
 
-    def _full_values(self, device) -> dict[Tensor, Tensor]:
-        """Original parameter object -> full fp32 value on ``device``."""
+    def _full_values(self, device, grads: bool = False) -> dict[Tensor, Tensor]:
+        """Original parameter object -> full fp32 value (or gradient) on ``device``."""
+        if self._comm_stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._comm_stream)
         values: dict[Tensor, Tensor] = {}
         for unit, params in zip(self._units, self._unit_originals, strict=True):
-            full = self._gather_unit_fp32(unit)
+            full = self._gather_unit_fp32(unit, grads)
             for i, p in enumerate(params):
                 off = unit.offsets[i]
                 values[p] = full[off:off + unit.shapes[i].numel()].view(unit.shapes[i]).to(device, copy=True)
         for p, current in zip(self._replicated_originals, self._replicated, strict=True):
-            values[p] = current.detach().to(device, torch.float32, copy=True)
+            value = current.grad if grads else current.detach()
+            if value is None:
+                value = torch.zeros_like(current)
+            values[p] = value.to(device, torch.float32, copy=True)
         return values
 
     # ------------------------------------------------------------------------------------ state dicts

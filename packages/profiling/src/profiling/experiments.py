@@ -99,7 +99,7 @@ def overheads(out: Path, device: str) -> None:
     try:
         for _ in range(3):
             workload.step()
-        rng = range_overhead(workload.step, steps=10, rounds=3, device=device)
+        rng = range_overhead(workload.step, steps=5, rounds=12, device=device)
         sync = sync_overhead(workload.step, steps=20, device=device)
     finally:
         workload.close()

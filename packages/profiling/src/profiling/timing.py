@@ -71,15 +71,28 @@ def sync_overhead(step: Callable[[], None], steps: int, device: torch.device | s
 
 
 def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
-    """Mean step time with the NVTX ranges on and off, alternating ``rounds`` times to cancel drift."""
+    """Step time with the NVTX ranges on and off, in ``rounds`` alternating rounds of ``steps`` steps.
+
+    Rounds alternate on/off then off/on (ABBA), so slow drift (clocks, temperature) cancels; each round
+    starts with one untimed step. Returns the median step of each (``ranges_on_ms``, ``ranges_off_ms``),
+    ``overhead_pct`` (their relative difference) and ``noise_pct``: the standard error of that
+    difference from the two samples' spreads, so an overhead below about twice it is not resolved.
+    """
     was_on = ranges.enabled()
-    on, off = [], []
+    times: dict[bool, list[float]] = {True: [], False: []}
     try:
-        for _ in range(rounds):
-            for flag, bucket in ((True, on), (False, off)):
+        for r in range(rounds):
+            for flag in (True, False) if r % 2 == 0 else (False, True):
                 ranges.set_enabled(flag)
-                bucket.extend(time_steps(step, 1, steps, device))
+                times[flag].extend(time_steps(step, 1, steps, device))
     finally:
         ranges.set_enabled(was_on)
-    on_ms, off_ms = statistics.fmean(on) * 1e3, statistics.fmean(off) * 1e3
-    return {"ranges_on_ms": on_ms, "ranges_off_ms": off_ms, "overhead_pct": 100 * (on_ms - off_ms) / off_ms}
+    on_ms, off_ms = (statistics.median(times[f]) * 1e3 for f in (True, False))
+    sem = [statistics.stdev(t) / len(t) ** 0.5 if len(t) > 1 else 0.0 for t in (times[True], times[False])]
+    return {
+        "ranges_on_ms": on_ms,
+        "ranges_off_ms": off_ms,
+        "overhead_pct": 100 * (on_ms - off_ms) / off_ms,
+        "noise_pct": 100 * 1e3 * (sem[0] ** 2 + sem[1] ** 2) ** 0.5 / off_ms,
+        "steps_each": len(times[True]),
+    }
