@@ -11,8 +11,9 @@ Memory (``torch.cuda`` allocator, per rank, GiB): allocated after model creation
 before the optimizer step (after backward) and just after it, in the last timed step; and the bytes of
 parameters, gradients and optimizer state counted from the tensors themselves, each set against the analytic
 figure of ``analysis.accounting`` (fp32 weights and gradients, 8 bytes of AdamW state per parameter, split
-1/N under ZeRO-1). Step time: CUDA events around forward, backward, optimizer step and parameter broadcast,
-median over ``--steps`` timed steps of the slower rank; ``vs_unsharded`` is the ratio.
+1/N under ZeRO-1). Each mode runs in its own freshly started processes. Step time: CUDA events around
+forward, backward, optimizer step and parameter broadcast, median over ``--steps`` timed steps of the
+slower rank; ``vs_unsharded`` is the ratio.
 
 Writes ``zero.csv`` and ``zero.md`` into ``--out``. Needs 2+ CUDA GPUs (NCCL).
 """
@@ -109,18 +110,16 @@ def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> di
     return dict(mode=mode, after_model=after_model, times=times, **memory)
 
 
-def _worker(rank: int, world_size: int, preset: str, batch: int, warmup: int, steps: int) -> list[dict]:
-    results = []
-    for mode in MODES:
-        result = _run_mode(mode, preset, batch, warmup, steps)
-        if rank == 0:
-            print(f"  {mode}: {statistics.median(result['times']):.0f} ms/step, optimizer state "
-                  f"{result['optimizer_state'] / GIB:.2f} GiB on rank 0", flush=True)
-        results.append(result)
-    return results
+def _worker(rank: int, world_size: int, mode: str, preset: str, batch: int, warmup: int, steps: int) -> dict:
+    result = _run_mode(mode, preset, batch, warmup, steps)
+    if rank == 0:
+        print(f"  {mode}: {statistics.median(result['times']):.0f} ms/step, optimizer state "
+              f"{result['optimizer_state'] / GIB:.2f} GiB on rank 0", flush=True)
+    return result
 
 
-def _table(preset: str, world_size: int, per_rank: list[list[dict]]) -> pd.DataFrame:
+def _table(preset: str, world_size: int, per_mode: list[list[dict]]) -> pd.DataFrame:
+    """One row per mode and rank; ``per_mode[i][rank]`` is ``_run_mode``'s result for ``MODES[i]``."""
     from analysis.accounting import memory_breakdown, sharded_optimizer_state_bytes
     from cs336_basics.presets import get_preset
 
@@ -128,11 +127,10 @@ def _table(preset: str, world_size: int, per_rank: list[list[dict]]) -> pd.DataF
     expected = memory_breakdown(config, 1, config.context_length)
     rows = []
     for i, mode in enumerate(MODES):
-        step_ms = statistics.median(max(ts) for ts in zip(*(r[i]["times"] for r in per_rank), strict=True))
+        step_ms = statistics.median(max(ts) for ts in zip(*(r["times"] for r in per_mode[i]), strict=True))
         expected_state = (sharded_optimizer_state_bytes(config, world_size) if mode == "zero1"
                           else expected.optimizer_state)
-        for rank, results in enumerate(per_rank):
-            r = results[i]
+        for rank, r in enumerate(per_mode[i]):
             rows.append({
                 "mode": mode, "rank": rank, "step_ms": step_ms,
                 "after_model_GiB": r["after_model"] / GIB,
@@ -176,9 +174,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parse_run_arguments(__doc__, argv, warmup=2, steps=3, out_help="folder for zero.csv and zero.md")
     print(f"{args.preset}: {len(MODES)} modes of {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)
-    per_rank = spawn(_worker, args.world_size, args.preset, args.batch_size, args.warmup, args.steps,
-                     backend="nccl", timeout=args.timeout)
-    df = _table(args.preset, args.world_size, per_rank)
+    per_mode = [  # a fresh set of processes per mode: nothing of one mode's memory is left for the next
+        spawn(_worker, args.world_size, mode, args.preset, args.batch_size, args.warmup, args.steps,
+              backend="nccl", timeout=args.timeout)
+        for mode in MODES
+    ]
+    df = _table(args.preset, args.world_size, per_mode)
     write_csv(df, args.out / "zero.csv")
     env = ", ".join(f"{k} {v}" for k, v in environment().items())
     write_text(args.out / "zero.md", f"{env}\n\n{markdown_table(df)}\n")
