@@ -4,7 +4,7 @@ import json
 
 import pytest
 from leaderboard.cli import default_recipe_name, parse_args, resolve_recipe, write_json
-from leaderboard.recipes import RECIPES, get_recipe
+from leaderboard.recipes import RECIPES, ablation_alternatives, ablation_steps, get_recipe
 
 GIB = 2**30
 
@@ -113,3 +113,13 @@ def test_relaunch_passes_arguments_outside_torchrun(monkeypatch):
     assert seen["argv"] == ["--check", "--ranks", "2", "--set", "context_length=256"]
     monkeypatch.setenv(cli.ARGV_ENV, json.dumps(["--preset", "tiny", "--steps", "7"]))
     assert cli.parse_args(json.loads(cli.os.environ[cli.ARGV_ENV])).steps == 7
+
+
+@pytest.mark.parametrize("name", ["leaderboard-8b", "large-8k"])
+def test_ablation_ends_with_the_recipe_itself(name):
+    recipe = get_recipe(name)
+    rows = ablation_steps(recipe, "cuda")
+    assert rows[0][1] and not any(baseline for _, baseline, _ in rows[1:])
+    assert recipe.with_(**rows[-1][2]) == recipe.with_(attention="auto", checkpoint_blocks=-1)
+    for _, _, overrides in ablation_alternatives(recipe, "cuda"):
+        assert recipe.with_(**overrides) != recipe.with_(**rows[-1][2])

@@ -83,8 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="in one launch, time the baseline, then the optimized step adding one optimization per row "
         "('full', the default), or only the baseline and the fully optimized step ('ends'); then the "
-        "alternatives (the full step sharded by parallel.FSDP); prints a table and writes it as CSV and "
-        "Markdown beside --json",
+        "alternatives (the full step planned with 8 GiB more and less memory headroom); prints a table "
+        "and writes it as CSV and Markdown beside --json",
     )
     parser.add_argument(
         "--time-budget",

@@ -130,11 +130,14 @@ def get_recipe(name: str) -> Recipe:
 def ablation_steps(recipe: Recipe, device_type: str) -> list[tuple[str, bool, dict]]:
     """The ablation: ``(label, is_baseline, recipe overrides)``, each row adding one optimization.
 
-    Starts from the torch-native baseline, then our trainer with only the fused LM head + loss (every
-    block checkpointed, SDPA cuDNN, torch's fused AdamW, nothing compiled), then adds one piece per row.
+    Starts from the torch-native baseline, then our trainer with only the fused LM head + loss (torch
+    FSDP2 as in the baseline, every block checkpointed, SDPA cuDNN, torch's fused AdamW, nothing
+    compiled), then adds one piece per row; the last row is ``recipe``'s own configuration (for the GPU
+    recipes, the default ``train.py`` step).
     """
     attention = "cudnn" if device_type == "cuda" else "math"
     step = {
+        "sharding": "fsdp2",
         "attention": attention,
         "fused_loss": True,
         "compile_regions": False,
@@ -151,30 +154,22 @@ def ablation_steps(recipe: Recipe, device_type: str) -> list[tuple[str, bool, di
     rows.append(("+ Triton AdamW", False, dict(step)))
     step["attention"] = "auto"
     rows.append(("+ fastest attention kernel measured (flashattn Triton, cuDNN, flash)", False, dict(step)))
+    if recipe.sharding != "fsdp2":
+        step["sharding"] = recipe.sharding
+        rows.append(("+ our parallel.FSDP (flat block units) instead of torch FSDP2", False, dict(step)))
     return rows
 
 
 def ablation_alternatives(recipe: Recipe, device_type: str) -> list[tuple[str, bool, dict]]:
-    """Rows that swap one piece of the fully optimized step for an alternative (compared, not added):
-    the other sharding, and (when the recipe leaves any) 8 GiB less memory headroom for the planner."""
+    """Rows that change one setting of the fully optimized step (compared, not added): when the recipe
+    plans with any memory headroom, 8 GiB more and 8 GiB less of it."""
     full = ablation_steps(recipe, device_type)[-1][2]
-    names = {"ours": "our parallel.FSDP", "fsdp2": "torch FSDP2"}
-    other = next(s for s in SHARDING_CHOICES if s != recipe.sharding)
-    rows = [
+    headroom = recipe.memory_headroom_gib
+    return [
         (
-            f"full step with {names[other]} instead of {names[recipe.sharding]}",
+            f"full step planned with {changed:g} GiB memory headroom instead of {headroom:g}",
             False,
-            {**full, "sharding": other},
+            {**full, "memory_headroom_gib": changed},
         )
+        for changed in ((headroom + 8, headroom - 8) if headroom >= 8 else ())
     ]
-    if recipe.memory_headroom_gib >= 8:
-        headroom = recipe.memory_headroom_gib
-        less = headroom - 8
-        rows.append(
-            (
-                f"full step planned with {less:g} GiB memory headroom instead of {headroom:g}",
-                False,
-                {**full, "memory_headroom_gib": less},
-            )
-        )
-    return rows
