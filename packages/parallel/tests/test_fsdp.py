@@ -1,7 +1,9 @@
 """FSDP against single-process training of the same model, on gloo with 2 and 4 processes (CPU)."""
 
 import copy
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -262,6 +264,26 @@ def test_gather_full_grads_equals_single_process_gradients(tied):
         assert list(grads) == list(expected)
         for name, g in grads.items():
             torch.testing.assert_close(torch.from_numpy(g), expected[name].grad, atol=1e-6, rtol=1e-5)
+
+
+def _dropped_wrapper_is_freed(rank, world_size):
+    fsdp = FSDP(_model(), unit_modules=(TransformerBlock,))
+    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)
+    x, y = _batch(0, rank)
+    cross_entropy(fsdp(x), y).backward()
+    fsdp.finish_gradient_synchronization()
+    opt.step()
+    kept = [fsdp, fsdp.flat_shards()[0], fsdp.replicated_parameters()[0]]
+    refs = [weakref.ref(t) for t in kept]
+    del kept
+    del fsdp, opt
+    gc.collect()
+    return [r() is None for r in refs]
+
+
+def test_dropped_wrapper_frees_its_shards():
+    """Gradient hooks must not keep the wrapper (and every shard) alive once the caller drops it."""
+    assert spawn(_dropped_wrapper_is_freed, 2, timeout=120) == [[True, True, True]] * 2
 
 
 def _prefetch_distance(rank, world_size, prefetch):

@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -342,13 +343,18 @@ class FSDP(nn.Module):
             for use in unit.uses:
                 use.module.register_forward_pre_hook(lambda m, a, use=use: self._pre_forward(use))
                 use.module.register_forward_hook(lambda m, a, out, use=use: self._post_forward(use, out))
+        # Tensor hooks live where Python's garbage collector cannot follow them (autograd's C++ side), so a
+        # hook that held this object or a unit strongly would keep every shard alive after the wrapper is
+        # dropped: they hold a weak reference and a unit index instead.
+        this = weakref.ref(self)
+        for unit in self._units:
             if unit.shard.requires_grad:
                 unit.full_param.register_post_accumulate_grad_hook(
-                    lambda t, unit=unit: self._on_grad_ready(unit))
+                    lambda t, index=unit.index: this()._on_grad_ready(this()._units[index]))
         if self.world_size > 1:
             for p in self._replicated:
                 if p.requires_grad:
-                    p.register_post_accumulate_grad_hook(self._all_reduce_replicated)
+                    p.register_post_accumulate_grad_hook(lambda t: this()._all_reduce_replicated(t))
 
     # -------------------------------------------------------------------------------------- gathering
     def _side_stream(self):
