@@ -69,6 +69,7 @@ def run_benchmark(
     allocated_at_start = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_accumulated_memory_stats(device)  # allocator retries counted per row
     setup_start = time.time()
     say(
         f"building the {'baseline' if baseline else 'optimized'} step of {recipe.name} on {world_size} "
