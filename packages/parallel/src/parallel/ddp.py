@@ -11,9 +11,12 @@ Four strategies, from the simplest to the fastest; all share one interface::
 - ``FlatDDP``: after backward, every gradient copied into one flat buffer, one all-reduce, copied back.
 - ``DDP``: a post-accumulate-grad hook launches an asynchronous all-reduce of each gradient as soon as
   backward has produced it, overlapping communication with the rest of backward.
-- ``BucketedDDP``: parameters are grouped into buckets of ``bucket_size_mb`` in reverse registration order
-  (the order backward produces gradients); each bucket is all-reduced asynchronously once all its
-  gradients are ready, in bucket order. Small parameters share a persistent flat buffer and their
+- ``BucketedDDP``: parameters are grouped into buckets of ``bucket_size_mb`` in the order backward produces
+  their gradients (first guessed as reverse registration order, then, once, the order the first synchronized
+  backward actually produced them); each bucket is all-reduced asynchronously once all its gradients are
+  ready, in bucket order. As in torch's DDP a bucket closes once it holds at least ``bucket_size_mb``, so a
+  small parameter shares the bucket of the large one after it instead of travelling alone. Parameters
+  sharing a bucket share a persistent flat buffer and their
   ``param.grad`` is a view into it (torch's ``gradient_as_bucket_view=True``), so no copy goes back; a
   parameter that fills a bucket alone is reduced where its gradient lies, with no copy at all.
 
@@ -30,8 +33,10 @@ are matched by order, so every rank must produce gradients for the same paramete
 was. Calling backward twice outside ``no_sync()`` before ``finish_gradient_synchronization()`` is an
 error. In ``BucketedDDP`` a shared bucket receives a gradient that autograd put elsewhere (the first after
 an optimizer's ``zero_grad(set_to_none=True)``) by one copy; ``BucketedDDP.zero_grad()`` avoids it (shared
-buffers zeroed in place, lone gradients set to None). Buckets follow registration order reversed and are
-never rebuilt, so a model whose backward order differs much from it overlaps less.
+buffers zeroed in place, lone gradients set to None). The buckets are rebuilt once, after the first
+synchronized step, from rank 0's observed gradient order (broadcast, so every rank builds the same
+buckets; the rebuild briefly holds the gradients twice); a model whose backward order changes from step
+to step overlaps less.
 """
 
 from __future__ import annotations
@@ -201,10 +206,12 @@ def _adopt_gradient(param: nn.Parameter, view: Tensor) -> None:
 
 
 class BucketedDDP(_DataParallel):
-    """Gradients packed into ``bucket_size_mb`` buckets in backward order, each all-reduced when full.
+    """Gradients packed into buckets of at least ``bucket_size_mb`` in backward order, each all-reduced when
+    its gradients are all ready.
 
-    A parameter larger than a bucket gets a bucket of its own; parameters of different dtypes or devices
-    never share one. ``bucket_size_mb`` is in MiB (2**20 bytes).
+    A bucket closes with the parameter that brings it to ``bucket_size_mb`` (MiB, 2**20 bytes) or beyond;
+    parameters of different dtypes or devices never share one. After the first synchronized step the buckets
+    are rebuilt in the order that step produced the gradients (see the module docstring).
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0):
@@ -212,10 +219,14 @@ class BucketedDDP(_DataParallel):
             raise ValueError(f"bucket_size_mb must be a positive number of MiB, got {bucket_size_mb}")
         super().__init__(module)
         self.bucket_size_mb = bucket_size_mb
-        self._buckets = self._build_buckets(int(bucket_size_mb * 2**20))
+        self._set_buckets(list(reversed(self._params)))
+        self._observed: list[nn.Parameter] | None = []  # gradient order of the first synchronized backward
+        self._register_grad_ready_hooks()
+
+    def _set_buckets(self, order: list[nn.Parameter]) -> None:
+        self._buckets = self._build_buckets(order, int(self.bucket_size_mb * 2**20))
         self._slot = {p: (b, i) for b, bk in enumerate(self._buckets) for i, p in enumerate(bk.params)}
         self._next_launch = 0
-        self._register_grad_ready_hooks()
 
     @property
     def bucket_numels(self) -> list[int]:
@@ -241,17 +252,23 @@ class BucketedDDP(_DataParallel):
                 if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
                     p.grad = view
 
-    def _build_buckets(self, cap_bytes: int) -> list[_Bucket]:
+    @staticmethod
+    def _build_buckets(order: list[nn.Parameter], cap_bytes: int) -> list[_Bucket]:
+        """Buckets of ``order``'s parameters, filled in that order; existing gradients move into them."""
         groups: list[list[nn.Parameter]] = []
         open_group: dict[tuple[torch.dtype, torch.device], tuple[list[nn.Parameter], int]] = {}
-        for p in reversed(self._params):
-            key, nbytes = (p.dtype, p.device), p.numel() * p.element_size()
+        for p in order:
+            key = (p.dtype, p.device)
             members, filled = open_group.get(key, (None, 0))
-            if members is None or (members and filled + nbytes > cap_bytes):
+            if members is None:
                 members, filled = [], 0
                 groups.append(members)
             members.append(p)
-            open_group[key] = (members, filled + nbytes)
+            filled += p.numel() * p.element_size()
+            if filled >= cap_bytes:
+                open_group.pop(key, None)
+            else:
+                open_group[key] = (members, filled)
         buckets = []
         for members in groups:
             if len(members) == 1:
@@ -276,6 +293,8 @@ class BucketedDDP(_DataParallel):
             _adopt_gradient(param, bucket.views[i])
         if not self._sync_enabled:
             return
+        if self._observed is not None:
+            self._observed.append(param)
         bucket.ready.add(i)
         while (
             self._next_launch < len(self._buckets)
@@ -313,3 +332,18 @@ class BucketedDDP(_DataParallel):
             bucket.work = None
             bucket.ready.clear()
         self._next_launch = 0
+        if self._observed is not None:
+            self._rebuild_in_observed_order()
+
+    def _rebuild_in_observed_order(self) -> None:
+        """Rebuild the buckets in rank 0's observed gradient order (parameters never seen keep their turn
+        after them); gradients already averaged move into the new buckets unchanged."""
+        index = {p: i for i, p in enumerate(self._params)}
+        seen = [[index[p] for p in self._observed]]
+        self._observed = None
+        dist.broadcast_object_list(seen, src=0)
+        order = [self._params[i] for i in seen[0]]
+        missing = set(self._params) - set(order)
+        order += [p for bucket in self._buckets for p in bucket.params if p in missing]
+        if [id(p) for p in order] != [id(p) for bucket in self._buckets for p in bucket.params]:
+            self._set_buckets(order)
