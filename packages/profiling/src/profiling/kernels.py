@@ -5,11 +5,15 @@ steps of each configuration and writes, for every range (``forward``, ``backward
 ``block`` (all blocks together), ``attention.scores`` / ``.softmax`` / ``.weighted_sum``), the CUDA
 kernels by total GPU time with calls and share per step, plus a summary of each range.
 
-A kernel belongs to a range when the CPU operator that launched it started inside the range's CPU
-interval; this covers the autograd threads too, which run the backward while the main thread waits in
-the ``backward`` range. Ranges nest, so a kernel counts in ``forward``, ``block`` and ``attention.*``
-at once. Limits: backward is one range (no per-block split); kernels launched outside any range (none
-in our steps) are listed under ``(outside ranges)``.
+A kernel belongs to a range when the CUDA API call that launched it (``cudaLaunchKernel`` and the like,
+paired with the kernel by the profiler's correlation id) started inside the range's CPU interval; this
+covers the autograd threads too, which run the backward while the main thread waits in the ``backward``
+range. Each GPU activity is counted once. The kernel lists that the profiler attaches to operators are
+not used: summed per range they gave the optimizer step more kernel time than the whole step took
+(small and medium at context 1024-2048), a sign that some kernels were attached to several operators.
+Ranges nest, so a kernel counts in ``forward``, ``block`` and ``attention.*`` at once. Limits: backward
+is one range (no per-block split); kernels launched outside any range (none in our steps), or whose
+launch call the profile lacks, are listed under ``(outside ranges)``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .workload import MODES, Workload, resolve_config
 MATMUL_KERNEL = re.compile(r"gemm|cutlass|xmma|nvjet|wgmma|cublas|matmul|_mma|^aten::(mm|bmm|addmm)$",
                            re.IGNORECASE)
 OUTSIDE = "(outside ranges)"
+LAUNCH_API = re.compile(r"^cu(da)?[A-Z]")  # CUDA runtime and driver calls (cudaLaunchKernel, cuLaunchKernel)
 
 
 def is_matmul(kernel_name: str) -> bool:
@@ -59,6 +64,20 @@ def profile_steps(workload: Workload, steps: int = 3, warmup: int = 2) -> tuple[
     return list(prof.events()), timer_ms
 
 
+def _on_cpu(event) -> bool:
+    return getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU
+
+
+def gpu_launches(events: list) -> list[tuple[float | None, str, float]] | None:
+    """``(CPU start of the launching CUDA call, kernel name, GPU µs)`` of every GPU activity, each once
+    (start None where the launch call is not in the profile); None when there is no GPU activity."""
+    device = [e for e in events if not _on_cpu(e) and not getattr(e, "is_user_annotation", False)]
+    if not device:
+        return None
+    launch_start = {e.id: e.time_range.start for e in events if _on_cpu(e) and LAUNCH_API.match(e.name)}
+    return [(launch_start.get(e.id), e.name, e.time_range.end - e.time_range.start) for e in device]
+
+
 def attribute_kernels(events: list, steps: int, range_names: set[str] | None = None) -> pd.DataFrame:
     """Long table: ``range, kernel, calls_per_step, ms_per_step`` from profiler ``events``.
 
@@ -72,16 +91,13 @@ def attribute_kernels(events: list, steps: int, range_names: set[str] | None = N
     spans = [(e.time_range.start, e.time_range.end, range_family(e.name))
              for e in events if range_family(e.name) in families
              and getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU]
-    launches = []
-    for e in events:
-        if getattr(e, "kernels", None):
-            launches.extend((e.time_range.start, k.name, k.duration) for k in e.kernels)
-    if not any(getattr(e, "kernels", None) for e in events):  # CPU only: leaf operators as "kernels"
+    launches = gpu_launches(events)
+    if launches is None:  # CPU only: leaf operators as "kernels"
         launches = [(e.time_range.start, e.name, e.self_cpu_time_total) for e in events
                     if e.name.startswith("aten::") and not e.cpu_children]
     records: dict[tuple[str, str], list[float]] = {}
     for start, name, duration_us in launches:
-        owners = {family for lo, hi, family in spans if lo <= start <= hi} or {OUTSIDE}
+        owners = {family for lo, hi, family in spans if start is not None and lo <= start <= hi} or {OUTSIDE}
         for family in owners:
             rec = records.setdefault((family, name), [0, 0.0])
             rec[0] += 1
