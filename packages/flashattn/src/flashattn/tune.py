@@ -39,6 +39,21 @@ CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
     "dq": [T(128, 64, 8, 3), T(128, 32, 4, 3), T(64, 64, 4, 3), T(128, 64, 8, 2), T(128, 128, 8, 2),
            T(64, 128, 8, 3)],
 }  # fmt: skip
+# fp32 inputs multiply in IEEE fp32 on the FMA units (no tensor cores), twice the registers per element:
+# tiles a quarter to an eighth of the 16-bit ones. Not yet timed on a GPU.
+FP32_CANDIDATES = {
+    "forward": [T(64, 32, 4, 2), T(32, 32, 4, 2), T(64, 16, 4, 2), T(32, 64, 4, 2), T(16, 64, 4, 2),
+                T(64, 32, 8, 2)],
+    "dkdv": [T(32, 64, 4, 2), T(32, 32, 4, 2), T(16, 64, 4, 2), T(64, 32, 4, 2), T(16, 32, 2, 2),
+             T(32, 64, 8, 2)],
+    "dq": [T(64, 32, 4, 2), T(32, 32, 4, 2), T(64, 16, 4, 2), T(32, 64, 4, 2), T(16, 64, 4, 2),
+           T(64, 32, 8, 2)],
+}  # fmt: skip
+
+
+def candidates_for(dtype: torch.dtype) -> dict[str, list[TileConfig]]:
+    """The candidate tile shapes of each kernel for inputs of ``dtype``."""
+    return FP32_CANDIDATES if dtype == torch.float32 else CANDIDATES
 
 
 # FLOPs of each timed row as a multiple of the forward's (the backward kernels alone get no rate).
@@ -72,8 +87,9 @@ def main() -> None:
     from analysis.accounting import attention_flops
 
     causal, dtype = not args.non_causal, DTYPES[args.dtype]
-    count = max(len(c) for c in CANDIDATES.values())
-    pick = [KernelConfigs(*(c[min(i, len(c) - 1)] for c in CANDIDATES.values())) for i in range(count)]
+    candidates = candidates_for(dtype)
+    count = max(len(c) for c in candidates.values())
+    pick = [KernelConfigs(*(c[min(i, len(c) - 1)] for c in candidates.values())) for i in range(count)]
     start = time.perf_counter()
     precompile([(args.head_dim, args.dtype, causal, cfg) for cfg in pick], args.jobs)
     print(f"compiled {count} candidate sets in {time.perf_counter() - start:.1f} s", flush=True)
@@ -81,7 +97,7 @@ def main() -> None:
     shape = (1, args.heads, args.seq, args.head_dim)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
     fwd_flops = attention_flops(1, args.heads, args.seq, args.seq, args.head_dim, causal=causal)
-    o, lse = launch_forward(q, k, v, causal, CANDIDATES["forward"][0])
+    o, lse = launch_forward(q, k, v, causal, candidates["forward"][0])
     delta = launch_delta(o, do)
     runs = {
         "forward": lambda cfg: launch_forward(q, k, v, causal, cfg),
@@ -89,12 +105,12 @@ def main() -> None:
         "dq": lambda cfg: launch_dq(q, k, v, do, lse, delta, causal, cfg),
     }
     rows = []
-    for kernel, candidates in CANDIDATES.items():
-        for cfg in candidates:
+    for kernel, configs in candidates.items():
+        for cfg in configs:
             ms = _time(lambda run=runs[kernel], cfg=cfg: run(cfg), args.rep_ms)
             rows.append({"kernel": kernel, **cfg._asdict(), "ms": ms})
             print(f"{kernel:8s} {tuple(cfg)}: {ms:.3f} ms", flush=True)
-    for name in ("sdpa_flash", "sdpa_cudnn"):
+    for name in ("sdpa_flash", "sdpa_cudnn") if dtype != torch.float32 else ():  # no fp32 kernels
         times = time_passes(IMPLEMENTATIONS[name], q, k, v, causal, 10, args.rep_ms)
         rows += [{"kernel": f"{name} {p}", "ms": ms} for p, ms in times.items()]
     df = pd.DataFrame(rows)
