@@ -6,7 +6,8 @@ must come first, while the process is still cold):
 1. warm-up study: small, full step, fp32 then bf16, 15 steps with no warm-up (any window of 10 steps
    starting at 0, 1, 2 or 5 is the measurement with that many warm-up steps);
 2. mixed-precision report (``profiling.precision``); saved-for-backward of one xl block (ctx 512);
-3. cost of the NVTX ranges and of the per-step synchronization (small, ctx 512, full step);
+3. cost of the NVTX ranges (28 alternating rounds of 5 steps each way: 140 steps, enough for a standard
+   error under 1%) and of the per-step synchronization (small, ctx 512, full step);
 4. the main table: every size x (forward, forward-backward, train) x (fp32, bf16), ctx 512, eager;
    5 warm-up + 10 measured steps for small / medium / large, fewer for xl and 10B (``--big-steps``);
 5. memory timelines of xl at ctx 128 and 2048, forward and full step, fp32 and bf16;
@@ -99,7 +100,7 @@ def overheads(out: Path, device: str) -> None:
     try:
         for _ in range(3):
             workload.step()
-        rng = range_overhead(workload.step, steps=5, rounds=12, device=device)
+        rng = range_overhead(workload.step, steps=5, rounds=28, device=device)
         sync = sync_overhead(workload.step, steps=20, device=device)
     finally:
         workload.close()
