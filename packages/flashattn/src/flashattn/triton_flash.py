@@ -330,12 +330,18 @@ def _bwd_dq_kernel(
 
 
 class TileConfig(NamedTuple):
-    """Launch shape of one kernel: ``block_m`` query and ``block_n`` key positions per tile."""
+    """Launch shape of one kernel: ``block_m`` query and ``block_n`` key positions per tile.
+
+    ``fp32_dot`` is how fp32 inputs multiply: ``"ieee"`` (exact fp32 products on the FMA units) or ``"tf32x3"``
+    (each operand split into two TF32 parts, three tensor-core products: about fp32's accuracy). 16-bit
+    inputs ignore it.
+    """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    fp32_dot: str = "ieee"
 
 
 class KernelConfigs(NamedTuple):
@@ -349,7 +355,8 @@ class KernelConfigs(NamedTuple):
 # Keyed by (head_dim, 16-bit?). The (128, 16-bit) entry won every candidate list of `python -m flashattn.tune`
 # on an H200 at (1, 32, 16384, 128) (docs/flashattn.md); the others follow the same reasoning, untimed:
 # 128-query forward tiles keep the tensor cores busy; a 128-wide fp32 accumulator needs 8 warps of registers.
-# fp32 runs IEEE dots on the FMA units and its tiles take twice the shared memory, so its tiles are smaller.
+# fp32 multiplies with tf32x3 on the tensor cores (IEEE dots on the FMA units were 20x slower than cuBLAS fp32)
+# and its tiles take twice the shared memory, so its tiles are smaller.
 _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
     (128, True): KernelConfigs(
         TileConfig(128, 64, 8, 3), TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)
@@ -359,10 +366,11 @@ _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
     ),
     (32, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
     (16, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
-    (128, False): KernelConfigs(TileConfig(64, 32, 4, 2), TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
-    (64, False): KernelConfigs(TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2)),
-    (32, False): KernelConfigs(TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2)),
-    (16, False): KernelConfigs(TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 2)),
+    (128, False): KernelConfigs(TileConfig(64, 64, 4, 2, "tf32x3"), TileConfig(64, 64, 8, 2, "tf32x3"),
+                                TileConfig(64, 64, 8, 2, "tf32x3")),
+    (64, False): KernelConfigs(*[TileConfig(64, 64, 4, 2, "tf32x3")] * 3),
+    (32, False): KernelConfigs(*[TileConfig(64, 64, 4, 2, "tf32x3")] * 3),
+    (16, False): KernelConfigs(*[TileConfig(64, 64, 4, 2, "tf32x3")] * 3),
 }
 _pinned: KernelConfigs | None = None
 
@@ -385,8 +393,8 @@ def pinned_configs(configs: KernelConfigs) -> Iterator[None]:
         _pinned = previous
 
 
-def _precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # the second is ignored for 16-bit operands
+def _precision(dtype: torch.dtype, cfg: TileConfig) -> str:
+    return cfg.fp32_dot if dtype == torch.float32 else "tf32"  # the second is ignored for 16-bit operands
 
 
 def launch_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, cfg: TileConfig) -> tuple[Tensor, Tensor]:
@@ -400,7 +408,7 @@ def launch_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, cfg: TileConfi
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
         HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-        PRECISION=_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PRECISION=_precision(q.dtype, cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return o, lse
 
@@ -429,7 +437,7 @@ def launch_dkdv(
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_q, seq_k, LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim),
         HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-        PRECISION=_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PRECISION=_precision(q.dtype, cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return dk, dv
 
@@ -447,7 +455,7 @@ def launch_dq(
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         heads, seq_q, seq_k, LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim),
         HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-        PRECISION=_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PRECISION=_precision(q.dtype, cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return dq
 

@@ -39,15 +39,16 @@ CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
     "dq": [T(128, 64, 8, 3), T(128, 32, 4, 3), T(64, 64, 4, 3), T(128, 64, 8, 2), T(128, 128, 8, 2),
            T(64, 128, 8, 3)],
 }  # fmt: skip
-# fp32 inputs multiply in IEEE fp32 on the FMA units (no tensor cores), twice the registers per element:
-# tiles a quarter to an eighth of the 16-bit ones. Not yet timed on a GPU.
+# fp32 inputs: IEEE dots run on the FMA units and take twice the registers per element, so their tiles are a
+# quarter to an eighth of the 16-bit ones; tf32x3 dots (three TF32 tensor-core products) take middle tiles.
+X3 = "tf32x3"
 FP32_CANDIDATES = {
-    "forward": [T(64, 32, 4, 2), T(32, 32, 4, 2), T(64, 16, 4, 2), T(32, 64, 4, 2), T(16, 64, 4, 2),
-                T(64, 32, 8, 2)],
-    "dkdv": [T(32, 64, 4, 2), T(32, 32, 4, 2), T(16, 64, 4, 2), T(64, 32, 4, 2), T(16, 32, 2, 2),
-             T(32, 64, 8, 2)],
-    "dq": [T(64, 32, 4, 2), T(32, 32, 4, 2), T(64, 16, 4, 2), T(32, 64, 4, 2), T(16, 64, 4, 2),
-           T(64, 32, 8, 2)],
+    "forward": [T(64, 64, 4, 2, X3), T(128, 64, 8, 2, X3), T(128, 32, 8, 2, X3), T(64, 32, 4, 3, X3),
+                T(64, 32, 4, 2), T(32, 32, 4, 2), T(16, 64, 4, 2)],
+    "dkdv": [T(64, 64, 8, 2, X3), T(32, 64, 4, 2, X3), T(64, 64, 4, 2, X3), T(32, 128, 8, 2, X3),
+             T(32, 64, 4, 2), T(32, 32, 4, 2), T(16, 64, 4, 2)],
+    "dq": [T(64, 64, 8, 2, X3), T(128, 32, 8, 2, X3), T(64, 32, 4, 2, X3), T(64, 64, 4, 2, X3),
+           T(64, 32, 4, 2), T(32, 32, 4, 2), T(16, 64, 4, 2)],
 }  # fmt: skip
 
 
