@@ -36,9 +36,7 @@ from flashattn.triton_flash import FlashAttention2Triton, KernelConfigs, TileCon
 # Small tiles so that seq 17..130 spans several query and key tiles, the diagonal and ragged tails;
 # forward and dQ use 16 x 32 and dK/dV 32 x 16 so that unequal tile sides are exercised too.
 # dK/dV take the tf32x3 route (the interpreter multiplies exactly; its accuracy is checked on the GPU)
-PINNED = KernelConfigs(
-    TileConfig(16, 32, 4, 1), TileConfig(16, 32, 4, 1, "tf32x3"), TileConfig(32, 16, 4, 1)
-)
+PINNED = KernelConfigs(TileConfig(16, 32, 4, 1), TileConfig(16, 32, 4, 1, "tf32x3"), TileConfig(32, 16, 4, 1))
 
 # (name, leading dims, seq_q, seq_k, head_dim, causal, dtype)
 CASES = [

@@ -332,9 +332,9 @@ def _bwd_dq_kernel(
 class TileConfig(NamedTuple):
     """Launch shape of one kernel: ``block_m`` query and ``block_n`` key positions per tile.
 
-    ``fp32_dot`` is how fp32 inputs multiply: ``"ieee"`` (exact fp32 products on the FMA units) or ``"tf32x3"``
-    (each operand split into two TF32 parts, three tensor-core products: about fp32's accuracy). 16-bit
-    inputs ignore it.
+    ``fp32_dot`` is how fp32 inputs multiply: ``"ieee"`` (exact fp32 products on the FMA units) or
+    ``"tf32x3"`` (each operand split into two TF32 parts, three tensor-core products: about fp32's
+    accuracy). 16-bit inputs ignore it.
     """
 
     block_m: int
@@ -355,8 +355,10 @@ class KernelConfigs(NamedTuple):
 # Keyed by (head_dim, 16-bit?). The (128, 16-bit) entry won every candidate list of `python -m flashattn.tune`
 # on an H200 at (1, 32, 16384, 128) (docs/flashattn.md); the others follow the same reasoning, untimed:
 # 128-query forward tiles keep the tensor cores busy; a 128-wide fp32 accumulator needs 8 warps of registers.
-# fp32 multiplies with tf32x3 on the tensor cores (IEEE dots on the FMA units were 20x slower than cuBLAS fp32)
-# and its tiles take twice the shared memory, so its tiles are smaller.
+# fp32 multiplies with tf32x3 (three tensor-core products): the fp32 entries for d 128 and 64 won
+# `flashattn.tune --dtype fp32 --seq 4096` on an H200, 3-40x faster than the best IEEE (FMA) tiles; fp32
+# tiles take twice the shared memory, so d 128 fits only narrow ones. d 32 and 16 reuse d 64's, untimed.
+X3 = "tf32x3"
 _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
     (128, True): KernelConfigs(
         TileConfig(128, 64, 8, 3), TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3)
@@ -366,11 +368,18 @@ _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
     ),
     (32, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
     (16, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
-    (128, False): KernelConfigs(TileConfig(64, 64, 4, 2, "tf32x3"), TileConfig(64, 64, 8, 2, "tf32x3"),
-                                TileConfig(64, 64, 8, 2, "tf32x3")),
-    (64, False): KernelConfigs(*[TileConfig(64, 64, 4, 2, "tf32x3")] * 3),
-    (32, False): KernelConfigs(*[TileConfig(64, 64, 4, 2, "tf32x3")] * 3),
-    (16, False): KernelConfigs(*[TileConfig(64, 64, 4, 2, "tf32x3")] * 3),
+    (128, False): KernelConfigs(
+        TileConfig(128, 32, 8, 2, X3), TileConfig(32, 64, 4, 2, X3), TileConfig(64, 32, 4, 2, X3)
+    ),
+    (64, False): KernelConfigs(
+        TileConfig(128, 64, 8, 2, X3), TileConfig(32, 128, 8, 2, X3), TileConfig(128, 32, 8, 2, X3)
+    ),
+    (32, False): KernelConfigs(
+        TileConfig(128, 64, 8, 2, X3), TileConfig(32, 128, 8, 2, X3), TileConfig(128, 32, 8, 2, X3)
+    ),
+    (16, False): KernelConfigs(
+        TileConfig(128, 64, 8, 2, X3), TileConfig(32, 128, 8, 2, X3), TileConfig(128, 32, 8, 2, X3)
+    ),
 }
 _pinned: KernelConfigs | None = None
 
