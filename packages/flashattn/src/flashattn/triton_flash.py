@@ -369,7 +369,7 @@ _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
     (32, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
     (16, True): KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 3)),
     (128, False): KernelConfigs(
-        TileConfig(128, 32, 8, 2, X3), TileConfig(32, 64, 4, 2, X3), TileConfig(64, 32, 4, 2, X3)
+        TileConfig(128, 32, 8, 2, X3), TileConfig(32, 32, 4, 2, X3), TileConfig(64, 32, 4, 2, X3)
     ),
     (64, False): KernelConfigs(
         TileConfig(128, 64, 8, 2, X3), TileConfig(32, 128, 8, 2, X3), TileConfig(128, 32, 8, 2, X3)
