@@ -300,6 +300,27 @@ def test_bucket_layout_follows_reverse_registration_order():
     spawn(_bucket_layout, 1, timeout=60)
 
 
+def _nccl_matches_single_process(rank, world_size):
+    device = f"cuda:{rank}"
+    for variant, wrap in VARIANTS.items():  # 3 steps: BucketedDDP rebuilds its buckets after the first
+        reference = _build("tied", seed=0, dtype=torch.float32, device=device)
+        model = wrap(_build("tied", seed=0 if rank == 0 else 7, dtype=torch.float32, device=device))
+        _train(model, OPTIMIZERS["sgd"](model.parameters()), rank, world_size, 3, 5, device)
+        _train(reference, OPTIMIZERS["sgd"](reference.parameters()), 0, 1, 3, 5 * world_size, device)
+        try:
+            _assert_params_match(model, reference, rtol=1e-4, atol=1e-5)
+        except AssertionError as err:
+            raise AssertionError(f"{variant}: {err}") from None
+    _bf16_autocast(rank, world_size, device)
+
+
+@pytest.mark.gpu
+def test_nccl_training_and_bf16_autocast_match_single_process():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    spawn(_nccl_matches_single_process, 2, backend="nccl", timeout=300)
+
+
 class UsedBackwards(nn.Module):
     """Layers registered in the opposite order of their use: backward reaches ``first`` first."""
 

@@ -1,8 +1,8 @@
 """FlashAttention-2 forward and backward in Triton.
 
 Limits, so that nobody learns them from a crash:
-- head dims 16, 32, 64, 128 (others are refused); fp16, bf16 and fp32 (fp32 dots run in IEEE fp32, not tf32,
-  to match PyTorch's default matmul precision);
+- head dims 16, 32, 64, 128 (others are refused); fp16, bf16 and fp32 (fp32 dots run as tf32x3: three TF32
+  tensor-core products of split operands, about fp32's accuracy; plain TF32 would lose 13 mantissa bits);
 - any lengths >= 1 (tails are masked loads and stores), any leading dims ``(..., seq, d)``, any strides (the
   kernels read the strides of a ``(batch, heads, seq, d)`` view; only merging leading dims may copy);
 - ``seq_q != seq_k`` is fine; causal masking is bottom-right aligned (query ``i`` sees key
