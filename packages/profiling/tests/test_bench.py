@@ -4,7 +4,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from profiling import bench, ranges, workload
+from profiling import bench, ranges, timing, workload
 from profiling.timing import range_overhead, sync_overhead, time_steps
 from profiling.workload import MODES, resolve_config
 
@@ -35,8 +35,26 @@ def test_forward_mode_builds_no_graph(tiny):
 
 
 def test_cli_single_run_prints_table(capsys):
-    df = bench.run_cli(["--preset", "tiny", "--context", "19", "--batch", "2", "--mode", "forward-backward",
-                     "--warmup", "0", "--steps", "2", "--device", "cpu", "--checkpoint", "block"])
+    df = bench.run_cli(
+        [
+            "--preset",
+            "tiny",
+            "--context",
+            "19",
+            "--batch",
+            "2",
+            "--mode",
+            "forward-backward",
+            "--warmup",
+            "0",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--checkpoint",
+            "block",
+        ]
+    )
     assert df.loc[0, "status"] == "ok" and df.loc[0, "context"] == 19 and df.loc[0, "checkpoint"] == "block"
     assert "forward-backward" in capsys.readouterr().out
 
@@ -65,10 +83,24 @@ def test_sweep_marks_oom_and_implied_cells_and_writes_tables(tmp_path, tiny):
     def fake_run(config, mode, dtype, compile, **kwargs):
         calls.append((config.d_model, mode, dtype))
         if config.d_model == 96 and mode == "forward-backward":
-            return {"context": config.context_length, "mode": mode, "dtype": dtype, "compile": compile,
-                    "status": "OOM"}
-        return {"context": config.context_length, "mode": mode, "dtype": dtype, "compile": compile,
-                "status": "ok", "mean_ms": 1.0, "std_ms": 0.1, "tflops": 2.0, "step_ms": [1.0]}
+            return {
+                "context": config.context_length,
+                "mode": mode,
+                "dtype": dtype,
+                "compile": compile,
+                "status": "OOM",
+            }
+        return {
+            "context": config.context_length,
+            "mode": mode,
+            "dtype": dtype,
+            "compile": compile,
+            "status": "ok",
+            "mean_ms": 1.0,
+            "std_ms": 0.1,
+            "tflops": 2.0,
+            "step_ms": [1.0],
+        }
 
     configs = [("a", tiny), ("b", tiny.with_(d_model=96))]
     df = bench.sweep(configs, MODES, ["fp32"], [False], tmp_path / "t", run=fake_run)
@@ -83,8 +115,15 @@ def test_sweep_marks_oom_and_implied_cells_and_writes_tables(tmp_path, tiny):
 
 
 def test_sweep_time_budget_skips(tmp_path, tiny):
-    df = bench.sweep([("a", tiny)], MODES, ["fp32"], [False], tmp_path / "t", max_seconds=-1.0,
-                     run=lambda *a, **k: pytest.fail("must not run"))
+    df = bench.sweep(
+        [("a", tiny)],
+        MODES,
+        ["fp32"],
+        [False],
+        tmp_path / "t",
+        max_seconds=-1.0,
+        run=lambda *a, **k: pytest.fail("must not run"),
+    )
     assert set(df["status"]) == {"skipped (time budget)"}
 
 
@@ -99,9 +138,13 @@ def test_bad_input_is_named():
         workload.attention_function("sparse")
 
 
-def test_sync_overhead_reports_both_timings():
-    result = sync_overhead(lambda: sum(range(1000)), 5, "cpu")
-    assert result["per_step_synced_ms"] > 0 and result["back_to_back_ms"] > 0
+def test_sync_overhead_sees_a_cost_that_only_per_step_syncs_pay(monkeypatch):
+    monkeypatch.setattr(timing, "synchronize", lambda device: time.sleep(0.002))
+    result = sync_overhead(lambda: time.sleep(0.002), 4, 6, "cpu")
+    # synced: 2 ms step + 2 ms sync; back to back: 2 ms step + 2 ms sync / 4 steps = 2.5 ms
+    assert 3.5 < result["per_step_synced_ms"] < 5 and 2.2 < result["back_to_back_ms"] < 3.5
+    assert 30 < result["overhead_pct"] < 90
+    assert result["noise_pct"] < result["overhead_pct"] / 2
 
 
 def test_range_overhead_sees_a_cost_that_only_ranges_pay(monkeypatch):

@@ -101,7 +101,7 @@ def overheads(out: Path, device: str) -> None:
         for _ in range(3):
             workload.step()
         rng = range_overhead(workload.step, steps=5, rounds=28, device=device)
-        sync = sync_overhead(workload.step, steps=20, device=device)
+        sync = sync_overhead(workload.step, steps=5, rounds=28, device=device)
     finally:
         workload.close()
         free_device_memory()

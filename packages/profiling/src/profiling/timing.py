@@ -49,25 +49,43 @@ def summarize(times: list[float]) -> dict[str, float]:
     }
 
 
-def sync_overhead(step: Callable[[], None], steps: int, device: torch.device | str) -> dict[str, float]:
-    """Per-step cost of timing each step separately (synchronize + timer) against one timed batch.
-
-    Returns ``per_step_synced_ms``, ``back_to_back_ms`` and ``overhead_pct`` (their relative
-    difference, which may be slightly negative from noise).
-    """
+def _back_to_back(step: Callable[[], None], steps: int, device: torch.device | str) -> float:
+    """Seconds per step of ``steps`` calls queued back to back, one sync at the end (after a warm call)."""
     step()
     synchronize(device)
-    synced = statistics.fmean(time_steps(step, 0, steps, device))
     start = timeit.default_timer()
     for _ in range(steps):
         step()
     synchronize(device)
-    back_to_back = (timeit.default_timer() - start) / steps
-    return {
-        "per_step_synced_ms": synced * 1e3,
-        "back_to_back_ms": back_to_back * 1e3,
-        "overhead_pct": 100 * (synced - back_to_back) / back_to_back,
-    }
+    return (timeit.default_timer() - start) / steps
+
+
+def _compare(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
+    """Medians of samples ``a`` and ``b`` (ms), a's excess over b (%) and its standard error (%)."""
+    a_ms, b_ms = (statistics.median(t) * 1e3 for t in (a, b))
+    sem = [statistics.stdev(t) / len(t) ** 0.5 if len(t) > 1 else 0.0 for t in (a, b)]
+    noise_pct = 100 * 1e3 * (sem[0] ** 2 + sem[1] ** 2) ** 0.5 / b_ms
+    return a_ms, b_ms, 100 * (a_ms - b_ms) / b_ms, noise_pct
+
+
+def sync_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
+    """Per-step cost of timing each step separately (synchronize + timer) against steps queued back to back.
+
+    ``rounds`` alternating rounds (ABBA) of ``steps`` steps each way; a synced round gives each step's time,
+    a back-to-back round its mean step. Returns the medians (``per_step_synced_ms``, ``back_to_back_ms``),
+    ``overhead_pct`` (their relative difference) and ``noise_pct`` (its standard error).
+    """
+    synced: list[float] = []
+    queued: list[float] = []
+    for r in range(rounds):
+        for is_synced in (True, False) if r % 2 == 0 else (False, True):
+            if is_synced:
+                synced.extend(time_steps(step, 1, steps, device))
+            else:
+                queued.append(_back_to_back(step, steps, device))
+    synced_ms, queued_ms, pct, noise_pct = _compare(synced, queued)
+    return {"per_step_synced_ms": synced_ms, "back_to_back_ms": queued_ms, "overhead_pct": pct,
+            "noise_pct": noise_pct, "rounds": rounds}  # fmt: skip
 
 
 def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
@@ -87,12 +105,11 @@ def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: to
                 times[flag].extend(time_steps(step, 1, steps, device))
     finally:
         ranges.set_enabled(was_on)
-    on_ms, off_ms = (statistics.median(times[f]) * 1e3 for f in (True, False))
-    sem = [statistics.stdev(t) / len(t) ** 0.5 if len(t) > 1 else 0.0 for t in (times[True], times[False])]
+    on_ms, off_ms, pct, noise_pct = _compare(times[True], times[False])
     return {
         "ranges_on_ms": on_ms,
         "ranges_off_ms": off_ms,
-        "overhead_pct": 100 * (on_ms - off_ms) / off_ms,
-        "noise_pct": 100 * 1e3 * (sem[0] ** 2 + sem[1] ** 2) ** 0.5 / off_ms,
+        "overhead_pct": pct,
+        "noise_pct": noise_pct,
         "steps_each": len(times[True]),
     }
