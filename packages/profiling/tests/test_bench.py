@@ -35,26 +35,8 @@ def test_forward_mode_builds_no_graph(tiny):
 
 
 def test_cli_single_run_prints_table(capsys):
-    df = bench.run_cli(
-        [
-            "--preset",
-            "tiny",
-            "--context",
-            "19",
-            "--batch",
-            "2",
-            "--mode",
-            "forward-backward",
-            "--warmup",
-            "0",
-            "--steps",
-            "2",
-            "--device",
-            "cpu",
-            "--checkpoint",
-            "block",
-        ]
-    )
+    df = bench.run_cli(["--preset", "tiny", "--context", "19", "--batch", "2", "--mode", "forward-backward",
+                     "--warmup", "0", "--steps", "2", "--device", "cpu", "--checkpoint", "block"])
     assert df.loc[0, "status"] == "ok" and df.loc[0, "context"] == 19 and df.loc[0, "checkpoint"] == "block"
     assert "forward-backward" in capsys.readouterr().out
 
@@ -83,24 +65,10 @@ def test_sweep_marks_oom_and_implied_cells_and_writes_tables(tmp_path, tiny):
     def fake_run(config, mode, dtype, compile, **kwargs):
         calls.append((config.d_model, mode, dtype))
         if config.d_model == 96 and mode == "forward-backward":
-            return {
-                "context": config.context_length,
-                "mode": mode,
-                "dtype": dtype,
-                "compile": compile,
-                "status": "OOM",
-            }
-        return {
-            "context": config.context_length,
-            "mode": mode,
-            "dtype": dtype,
-            "compile": compile,
-            "status": "ok",
-            "mean_ms": 1.0,
-            "std_ms": 0.1,
-            "tflops": 2.0,
-            "step_ms": [1.0],
-        }
+            return {"context": config.context_length, "mode": mode, "dtype": dtype, "compile": compile,
+                    "status": "OOM"}
+        return {"context": config.context_length, "mode": mode, "dtype": dtype, "compile": compile,
+                "status": "ok", "mean_ms": 1.0, "std_ms": 0.1, "tflops": 2.0, "step_ms": [1.0]}
 
     configs = [("a", tiny), ("b", tiny.with_(d_model=96))]
     df = bench.sweep(configs, MODES, ["fp32"], [False], tmp_path / "t", run=fake_run)
@@ -115,15 +83,8 @@ def test_sweep_marks_oom_and_implied_cells_and_writes_tables(tmp_path, tiny):
 
 
 def test_sweep_time_budget_skips(tmp_path, tiny):
-    df = bench.sweep(
-        [("a", tiny)],
-        MODES,
-        ["fp32"],
-        [False],
-        tmp_path / "t",
-        max_seconds=-1.0,
-        run=lambda *a, **k: pytest.fail("must not run"),
-    )
+    df = bench.sweep([("a", tiny)], MODES, ["fp32"], [False], tmp_path / "t", max_seconds=-1.0,
+                     run=lambda *a, **k: pytest.fail("must not run"))
     assert set(df["status"]) == {"skipped (time budget)"}
 
 

@@ -22,6 +22,7 @@ from triton.testing import do_bench
 from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, environment, time_passes, write_table
 from flashattn.precompile import precompile
 from flashattn.triton_flash import (
+    X3,
     KernelConfigs,
     TileConfig,
     launch_delta,
@@ -41,7 +42,6 @@ CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
 }  # fmt: skip
 # fp32 inputs: IEEE dots run on the FMA units and take twice the registers per element, so their tiles are a
 # quarter to an eighth of the 16-bit ones; tf32x3 dots (three TF32 tensor-core products) take middle tiles.
-X3 = "tf32x3"
 FP32_CANDIDATES = {
     "forward": [T(64, 64, 4, 2, X3), T(128, 64, 8, 2, X3), T(128, 32, 8, 2, X3), T(64, 32, 4, 3, X3),
                 T(64, 32, 4, 2), T(32, 32, 4, 2), T(16, 64, 4, 2)],

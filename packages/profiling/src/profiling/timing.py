@@ -71,8 +71,8 @@ def _compare(a: list[float], b: list[float]) -> tuple[float, float, float, float
 def sync_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
     """Per-step cost of timing each step separately (synchronize + timer) against steps queued back to back.
 
-    ``rounds`` alternating rounds (ABBA) of ``steps`` steps each way; a synced round gives each step's time,
-    a back-to-back round its mean step. Returns the medians (``per_step_synced_ms``, ``back_to_back_ms``),
+    ``rounds`` alternating rounds (ABBA) of ``steps`` steps each way, each round giving its mean step.
+    Returns the medians over rounds (``per_step_synced_ms``, ``back_to_back_ms``),
     ``overhead_pct`` (their relative difference) and ``noise_pct`` (its standard error).
     """
     synced: list[float] = []
@@ -80,7 +80,7 @@ def sync_overhead(step: Callable[[], None], steps: int, rounds: int, device: tor
     for r in range(rounds):
         for is_synced in (True, False) if r % 2 == 0 else (False, True):
             if is_synced:
-                synced.extend(time_steps(step, 1, steps, device))
+                synced.append(statistics.fmean(time_steps(step, 1, steps, device)))
             else:
                 queued.append(_back_to_back(step, steps, device))
     synced_ms, queued_ms, pct, noise_pct = _compare(synced, queued)
