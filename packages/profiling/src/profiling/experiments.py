@@ -96,17 +96,20 @@ def precision_and_saved(out: Path, device: str) -> None:
 
 
 def overheads(out: Path, device: str) -> None:
-    workload = Workload(cfg("small"), "train", "fp32", device=device)
-    try:
-        for _ in range(3):
-            workload.step()
-        rng = range_overhead(workload.step, steps=5, rounds=28, device=device)
-        sync = sync_overhead(workload.step, steps=5, rounds=28, device=device)
-    finally:
-        workload.close()
-        free_device_memory()
-    rows = [{"what": "NVTX + record_function ranges on vs off", **rng},
-            {"what": "synchronize + timer per step vs back-to-back", **sync}]
+    """Cost of the NVTX ranges and of per-step timing on a small full step at context 512, fp32 and bf16."""
+    rows = []
+    for dtype in ("fp32", "bf16"):
+        workload = Workload(cfg("small"), "train", dtype, device=device)
+        try:
+            for _ in range(3):
+                workload.step()
+            rng = range_overhead(workload.step, steps=5, rounds=28, device=device)
+            sync = sync_overhead(workload.step, steps=10, rounds=60, device=device)
+        finally:
+            workload.close()
+            free_device_memory()
+        rows += [{"dtype": dtype, "what": "NVTX + record_function ranges on vs off", **rng},
+                 {"dtype": dtype, "what": "synchronize + timer per step vs back-to-back", **sync}]
     write_table(pd.DataFrame(rows), out / "overheads")
 
 

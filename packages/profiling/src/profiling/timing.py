@@ -68,24 +68,48 @@ def _compare(a: list[float], b: list[float]) -> tuple[float, float, float, float
     return a_ms, b_ms, 100 * (a_ms - b_ms) / b_ms, noise_pct
 
 
+def _synced(step: Callable[[], None], steps: int, device: torch.device | str) -> tuple[float, float]:
+    """Mean seconds per synchronized step and its mean wait in the synchronize (after a warm call)."""
+    step()
+    synchronize(device)
+    total = wait = 0.0
+    for _ in range(steps):
+        start = timeit.default_timer()
+        step()
+        queued = timeit.default_timer()
+        synchronize(device)
+        end = timeit.default_timer()
+        total += end - start
+        wait += end - queued
+    return total / steps, wait / steps
+
+
 def sync_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
     """Per-step cost of timing each step separately (synchronize + timer) against steps queued back to back.
 
     ``rounds`` alternating rounds (ABBA) of ``steps`` steps each way, each round giving its mean step.
     Returns the medians over rounds (``per_step_synced_ms``, ``back_to_back_ms``),
     ``overhead_pct`` (their relative difference) and ``noise_pct`` (its standard error).
+    Also ``sync_wait_ms``, the median wait for the GPU after a step is queued, and ``bound_pct``, that
+    wait as a share of a back-to-back step: back to back, a step still takes at least its queueing time,
+    so the per-step sync cannot cost more than its wait (plus a timer call), whatever the noise.
     """
     synced: list[float] = []
+    waits: list[float] = []
     queued: list[float] = []
     for r in range(rounds):
         for is_synced in (True, False) if r % 2 == 0 else (False, True):
             if is_synced:
-                synced.append(statistics.fmean(time_steps(step, 1, steps, device)))
+                mean, wait = _synced(step, steps, device)
+                synced.append(mean)
+                waits.append(wait)
             else:
                 queued.append(_back_to_back(step, steps, device))
     synced_ms, queued_ms, pct, noise_pct = _compare(synced, queued)
+    wait_ms = statistics.median(waits) * 1e3
     return {"per_step_synced_ms": synced_ms, "back_to_back_ms": queued_ms, "overhead_pct": pct,
-            "noise_pct": noise_pct, "rounds": rounds}  # fmt: skip
+            "noise_pct": noise_pct, "sync_wait_ms": wait_ms, "bound_pct": 100 * wait_ms / queued_ms,
+            "rounds": rounds}  # fmt: skip
 
 
 def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
