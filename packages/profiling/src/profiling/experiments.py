@@ -6,8 +6,8 @@ must come first, while the process is still cold):
 1. warm-up study: small, full step, fp32 then bf16, 15 steps with no warm-up (any window of 10 steps
    starting at 0, 1, 2 or 5 is the measurement with that many warm-up steps);
 2. mixed-precision report (``profiling.precision``); saved-for-backward of one xl block (ctx 512);
-3. cost of the NVTX ranges (28 alternating rounds of 5 steps each way: 140 steps, enough for a standard
-   error under 1%) and of the per-step synchronization (small, ctx 512, full step);
+3. cost of the NVTX ranges and of the per-step synchronization (small, ctx 512, full step, fp32 and
+   bf16; ``--overhead-rounds`` alternating rounds of 10 steps each way);
 4. the main table: every size x (forward, forward-backward, train) x (fp32, bf16), ctx 512, eager;
    5 warm-up + 10 measured steps for small / medium / large, fewer for xl and 10B (``--big-steps``);
 5. memory timelines of xl at ctx 128 and 2048, forward and full step, fp32 and bf16;
@@ -95,16 +95,19 @@ def precision_and_saved(out: Path, device: str) -> None:
     write_table(pd.DataFrame(rows), out / "saved-xl-summary")
 
 
-def overheads(out: Path, device: str) -> None:
-    """Cost of the NVTX ranges and of per-step timing on a small full step at context 512, fp32 and bf16."""
+def overheads(out: Path, device: str, rounds: int) -> None:
+    """Cost of the NVTX ranges and of per-step timing on a small full step at context 512, fp32 and bf16.
+
+    Each is measured in ``rounds`` alternating rounds of 10 steps each way.
+    """
     rows = []
     for dtype in ("fp32", "bf16"):
         workload = Workload(cfg("small"), "train", dtype, device=device)
         try:
             for _ in range(3):
                 workload.step()
-            rng = range_overhead(workload.step, steps=5, rounds=28, device=device)
-            sync = sync_overhead(workload.step, steps=10, rounds=60, device=device)
+            rng = range_overhead(workload.step, steps=10, rounds=rounds, device=device)
+            sync = sync_overhead(workload.step, steps=10, rounds=rounds, device=device)
         finally:
             workload.close()
             free_device_memory()
@@ -193,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="budget kept for the parts after the main table (default 100 s)")
     p.add_argument("--big-steps", default="2,5", help="warm-up,measured steps for xl (default 2,5)")
     p.add_argument("--huge-steps", default="1,3", help="warm-up,measured steps for 10B (default 1,3)")
+    p.add_argument("--overhead-rounds", type=int, default=40,
+                   help="alternating rounds of 10 steps for each overhead measurement (default 40)")
     p.add_argument("--device", default="cuda", help="torch device (default cuda)")
     p.add_argument("--only", help="comma-separated part names to run (default all)")
     p.add_argument("--dry-run", action="store_true",
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     parts: list[tuple[str, Callable[[], None]]] = [
         ("warmup", lambda: warmup_study(out, args.device)),
         ("precision-saved", lambda: precision_and_saved(out, args.device)),
-        ("overheads", lambda: overheads(out, args.device)),
+        ("overheads", lambda: overheads(out, args.device, args.overhead_rounds)),
         ("bench-eager", lambda: main_table(out, args.device, big, huge, max(left() - args.reserve_s, 30))),
         ("memory", lambda: memory_timelines(out, args.device)),
         ("kernels", lambda: kernel_tables(out, args.device)),

@@ -61,11 +61,15 @@ def _back_to_back(step: Callable[[], None], steps: int, device: torch.device | s
 
 
 def _compare(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
-    """Medians of samples ``a`` and ``b`` (ms), a's excess over b (%) and its standard error (%)."""
+    """Compare per-round means ``a`` and ``b`` (seconds), where ``a[r]`` and ``b[r]`` ran in the same round.
+
+    Returns their medians (ms), a's excess over b (%) as the mean of the rounds' paired relative
+    differences, so drift between rounds cancels, and the standard error of that mean (%).
+    """
     a_ms, b_ms = (statistics.median(t) * 1e3 for t in (a, b))
-    sem = [statistics.stdev(t) / len(t) ** 0.5 if len(t) > 1 else 0.0 for t in (a, b)]
-    noise_pct = 100 * 1e3 * (sem[0] ** 2 + sem[1] ** 2) ** 0.5 / b_ms
-    return a_ms, b_ms, 100 * (a_ms - b_ms) / b_ms, noise_pct
+    excess = [100 * (x - y) / y for x, y in zip(a, b, strict=True)]
+    noise_pct = statistics.stdev(excess) / len(excess) ** 0.5 if len(excess) > 1 else 0.0
+    return a_ms, b_ms, statistics.fmean(excess), noise_pct
 
 
 def _synced(step: Callable[[], None], steps: int, device: torch.device | str) -> tuple[float, float]:
@@ -89,7 +93,7 @@ def sync_overhead(step: Callable[[], None], steps: int, rounds: int, device: tor
 
     ``rounds`` alternating rounds (ABBA) of ``steps`` steps each way, each round giving its mean step.
     Returns the medians over rounds (``per_step_synced_ms``, ``back_to_back_ms``),
-    ``overhead_pct`` (their relative difference) and ``noise_pct`` (its standard error).
+    ``overhead_pct`` (the mean paired difference of rounds) and ``noise_pct`` (its standard error).
     Also ``sync_wait_ms``, the median wait for the GPU after a step is queued, and ``bound_pct``, that
     wait as a share of a back-to-back step: back to back, a step still takes at least its queueing time,
     so the per-step sync cannot cost more than its wait (plus a timer call), whatever the noise.
@@ -116,24 +120,24 @@ def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: to
     """Step time with the NVTX ranges on and off, in ``rounds`` alternating rounds of ``steps`` steps.
 
     Rounds alternate on/off then off/on (ABBA), so slow drift (clocks, temperature) cancels; each round
-    starts with one untimed step. Returns the median step of each (``ranges_on_ms``, ``ranges_off_ms``),
-    ``overhead_pct`` (their relative difference) and ``noise_pct``: the standard error of that
-    difference from the two samples' spreads, so an overhead below about twice it is not resolved.
+    starts with one untimed step. Returns the median round mean of each (``ranges_on_ms``,
+    ``ranges_off_ms``), ``overhead_pct`` (the mean paired difference of rounds) and ``noise_pct``: its
+    standard error, so an overhead below about twice it is not resolved.
     """
     was_on = ranges.enabled()
-    times: dict[bool, list[float]] = {True: [], False: []}
+    means: dict[bool, list[float]] = {True: [], False: []}
     try:
         for r in range(rounds):
             for flag in (True, False) if r % 2 == 0 else (False, True):
                 ranges.set_enabled(flag)
-                times[flag].extend(time_steps(step, 1, steps, device))
+                means[flag].append(statistics.fmean(time_steps(step, 1, steps, device)))
     finally:
         ranges.set_enabled(was_on)
-    on_ms, off_ms, pct, noise_pct = _compare(times[True], times[False])
+    on_ms, off_ms, pct, noise_pct = _compare(means[True], means[False])
     return {
         "ranges_on_ms": on_ms,
         "ranges_off_ms": off_ms,
         "overhead_pct": pct,
         "noise_pct": noise_pct,
-        "steps_each": len(times[True]),
+        "steps_each": rounds * steps,
     }
