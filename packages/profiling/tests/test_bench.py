@@ -1,3 +1,5 @@
+import math
+import random
 import sys
 import time
 
@@ -5,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 from profiling import bench, ranges, timing, workload
-from profiling.timing import range_overhead, sync_overhead, time_steps
+from profiling.timing import median_ci, range_overhead, sync_overhead, time_steps
 from profiling.workload import MODES, resolve_config
 
 
@@ -108,6 +110,16 @@ def test_sync_overhead_sees_a_cost_that_only_per_step_syncs_pay(monkeypatch):
     assert result["noise_pct"] < result["overhead_pct"] / 2
     # the wait after queueing is the 2 ms sync, which bounds the 1.5 ms the sync costs per step
     assert 1.8 < result["sync_wait_ms"] < 3 and result["overhead_pct"] < result["bound_pct"]
+
+
+def test_median_interval_covers_the_median_as_often_as_it_claims():
+    rng = random.Random(0)
+    for n in (6, 37, 64):
+        covered = sum(low <= 0 <= high for low, high in
+                      (median_ci([rng.expovariate(1) - math.log(2) for _ in range(n)]) for _ in range(2000)))
+        assert 0.945 <= covered / 2000 <= 0.995  # exact coverage of the chosen order statistics: 0.953-0.969
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few samples for 95%: the whole range
+    assert median_ci(list(range(100))) == (39, 60)
 
 
 def test_range_overhead_sees_a_cost_that_only_ranges_pay(monkeypatch):

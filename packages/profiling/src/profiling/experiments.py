@@ -98,22 +98,28 @@ def precision_and_saved(out: Path, device: str) -> None:
 def overheads(out: Path, device: str, rounds: int) -> None:
     """Cost of the NVTX ranges and of per-step timing on a small full step at context 512, fp32 and bf16.
 
-    Each is measured in ``rounds`` alternating rounds of 10 steps each way.
+    Each is measured in ``rounds`` alternating rounds of 10 steps each way; the rounds' step means go
+    to ``overheads-rounds``.
     """
-    rows = []
+    rows, per_round = [], []
     for dtype in ("fp32", "bf16"):
         workload = Workload(cfg("small"), "train", dtype, device=device)
         try:
             for _ in range(3):
                 workload.step()
-            rng = range_overhead(workload.step, steps=10, rounds=rounds, device=device)
-            sync = sync_overhead(workload.step, steps=10, rounds=rounds, device=device)
+            results = {"NVTX + record_function ranges on vs off":
+                           range_overhead(workload.step, steps=10, rounds=rounds, device=device),
+                       "synchronize + timer per step vs back-to-back":
+                           sync_overhead(workload.step, steps=10, rounds=rounds, device=device)}  # fmt: skip
         finally:
             workload.close()
             free_device_memory()
-        rows += [{"dtype": dtype, "what": "NVTX + record_function ranges on vs off", **rng},
-                 {"dtype": dtype, "what": "synchronize + timer per step vs back-to-back", **sync}]
+        for what, result in results.items():
+            per_round += [{"dtype": dtype, "what": what, "round": r, "with_ms": a, "without_ms": b}
+                          for r, (a, b) in enumerate(result.pop("per_round_ms"))]
+            rows.append({"dtype": dtype, "what": what, **result})
     write_table(pd.DataFrame(rows), out / "overheads")
+    write_table(pd.DataFrame(per_round), out / "overheads-rounds")
 
 
 def main_table(out: Path, device: str, big_steps: tuple[int, int], huge_steps: tuple[int, int],

@@ -8,6 +8,7 @@ that costs by timing the same steps back to back with a single synchronization a
 
 from __future__ import annotations
 
+import math
 import statistics
 import timeit
 from collections.abc import Callable
@@ -60,16 +61,35 @@ def _back_to_back(step: Callable[[], None], steps: int, device: torch.device | s
     return (timeit.default_timer() - start) / steps
 
 
-def _compare(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
+def median_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median of ``xs``: the order statistics x(j), x(n+1-j)
+    with the largest j whose coverage, 1 - 2 P(Binomial(n, 1/2) < j), is at least ``level``.
+    Below 6 samples no such j exists and the interval is (min, max)."""
+    s, n = sorted(xs), len(xs)
+    below = 0.0  # P(Binomial(n, 1/2) < j)
+    j = 1
+    while j <= n // 2:
+        below += math.comb(n, j - 1) / 2**n
+        if 2 * below > 1 - level:
+            break
+        j += 1
+    j = max(j - 1, 1)
+    return s[j - 1], s[n - j]
+
+
+def _compare(a: list[float], b: list[float]) -> dict:
     """Compare per-round means ``a`` and ``b`` (seconds), where ``a[r]`` and ``b[r]`` ran in the same round.
 
-    Returns their medians (ms), a's excess over b (%) as the mean of the rounds' paired relative
-    differences, so drift between rounds cancels, and the standard error of that mean (%).
+    From the rounds' paired relative differences (%), so drift between rounds cancels: ``overhead_pct``
+    (their mean), ``noise_pct`` (its standard error), ``median_pct`` and ``ci_low_pct`` / ``ci_high_pct``
+    (the median's 95% interval, robust to a few slow rounds); ``per_round_ms``: the (a, b) pairs in ms.
     """
-    a_ms, b_ms = (statistics.median(t) * 1e3 for t in (a, b))
     excess = [100 * (x - y) / y for x, y in zip(a, b, strict=True)]
-    noise_pct = statistics.stdev(excess) / len(excess) ** 0.5 if len(excess) > 1 else 0.0
-    return a_ms, b_ms, statistics.fmean(excess), noise_pct
+    low, high = median_ci(excess)
+    return {"overhead_pct": statistics.fmean(excess),
+            "noise_pct": statistics.stdev(excess) / len(excess) ** 0.5 if len(excess) > 1 else 0.0,
+            "median_pct": statistics.median(excess), "ci_low_pct": low, "ci_high_pct": high,
+            "per_round_ms": [(x * 1e3, y * 1e3) for x, y in zip(a, b, strict=True)]}  # fmt: skip
 
 
 def _synced(step: Callable[[], None], steps: int, device: torch.device | str) -> tuple[float, float]:
@@ -92,11 +112,11 @@ def sync_overhead(step: Callable[[], None], steps: int, rounds: int, device: tor
     """Per-step cost of timing each step separately (synchronize + timer) against steps queued back to back.
 
     ``rounds`` alternating rounds (ABBA) of ``steps`` steps each way, each round giving its mean step.
-    Returns the medians over rounds (``per_step_synced_ms``, ``back_to_back_ms``),
-    ``overhead_pct`` (the mean paired difference of rounds) and ``noise_pct`` (its standard error).
-    Also ``sync_wait_ms``, the median wait for the GPU after a step is queued, and ``bound_pct``, that
-    wait as a share of a back-to-back step: back to back, a step still takes at least its queueing time,
-    so the per-step sync cannot cost more than its wait (plus a timer call), whatever the noise.
+    Returns the medians over rounds (``per_step_synced_ms``, ``back_to_back_ms``) and the comparison of
+    :func:`_compare` (synced against back to back). Also ``sync_wait_ms``, the median wait for the GPU
+    after a step is queued, and ``bound_pct``, that wait as a share of a back-to-back step: back to back,
+    a step still takes at least its queueing time, so the per-step sync cannot cost more than its wait
+    (plus a timer call), whatever the noise.
     """
     synced: list[float] = []
     waits: list[float] = []
@@ -109,11 +129,11 @@ def sync_overhead(step: Callable[[], None], steps: int, rounds: int, device: tor
                 waits.append(wait)
             else:
                 queued.append(_back_to_back(step, steps, device))
-    synced_ms, queued_ms, pct, noise_pct = _compare(synced, queued)
     wait_ms = statistics.median(waits) * 1e3
-    return {"per_step_synced_ms": synced_ms, "back_to_back_ms": queued_ms, "overhead_pct": pct,
-            "noise_pct": noise_pct, "sync_wait_ms": wait_ms, "bound_pct": 100 * wait_ms / queued_ms,
-            "rounds": rounds}  # fmt: skip
+    queued_ms = statistics.median(queued) * 1e3
+    return {"per_step_synced_ms": statistics.median(synced) * 1e3, "back_to_back_ms": queued_ms,
+            "sync_wait_ms": wait_ms, "bound_pct": 100 * wait_ms / queued_ms, "rounds": rounds,
+            **_compare(synced, queued)}  # fmt: skip
 
 
 def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
@@ -121,8 +141,8 @@ def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: to
 
     Rounds alternate on/off then off/on (ABBA), so slow drift (clocks, temperature) cancels; each round
     starts with one untimed step. Returns the median round mean of each (``ranges_on_ms``,
-    ``ranges_off_ms``), ``overhead_pct`` (the mean paired difference of rounds) and ``noise_pct``: its
-    standard error, so an overhead below about twice it is not resolved.
+    ``ranges_off_ms``) and the comparison of :func:`_compare` (on against off): an overhead below about
+    twice ``noise_pct``, or inside the median's interval around 0, is not resolved.
     """
     was_on = ranges.enabled()
     means: dict[bool, list[float]] = {True: [], False: []}
@@ -133,11 +153,6 @@ def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: to
                 means[flag].append(statistics.fmean(time_steps(step, 1, steps, device)))
     finally:
         ranges.set_enabled(was_on)
-    on_ms, off_ms, pct, noise_pct = _compare(means[True], means[False])
-    return {
-        "ranges_on_ms": on_ms,
-        "ranges_off_ms": off_ms,
-        "overhead_pct": pct,
-        "noise_pct": noise_pct,
-        "steps_each": rounds * steps,
-    }
+    return {"ranges_on_ms": statistics.median(means[True]) * 1e3,
+            "ranges_off_ms": statistics.median(means[False]) * 1e3, "steps_each": rounds * steps,
+            **_compare(means[True], means[False])}  # fmt: skip
