@@ -180,15 +180,19 @@ def test_meta_model_materialized_identically_on_any_world_size(units):
     assert not (full["layers.0.attn.q_proj.weight"] == full["layers.1.attn.q_proj.weight"]).all()
 
 
-def _save(rank, world_size, path):
-    fsdp = FSDP(_model(tied=True), unit_modules=(TransformerBlock,))
-    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-2)
-    for step in range(2):
+def _steps(fsdp, opt, steps, rank):
+    """``steps`` training steps on this rank's batches."""
+    for step in range(steps):
         x, y = _batch(step, rank)
         cross_entropy(fsdp(x), y).backward()
         fsdp.finish_gradient_synchronization()
         opt.step()
         opt.zero_grad()
+
+
+def _save(rank, world_size, path):
+    fsdp = FSDP(_model(tied=True), unit_modules=(TransformerBlock,))
+    _steps(fsdp, torch.optim.AdamW(fsdp.parameters(), lr=1e-2), 2, rank)
     fsdp.save_full_state_dict(path)
     x, _ = _batch(9, 0)
     with torch.no_grad():
@@ -288,13 +292,7 @@ def test_dropped_wrapper_frees_its_shards():
 
 def _prefetch_distance(rank, world_size, prefetch):
     fsdp = FSDP(_model(tied=True), prefetch=prefetch)
-    opt = torch.optim.SGD(fsdp.parameters(), lr=0.5)
-    for step in range(3):
-        x, y = _batch(step, rank)
-        cross_entropy(fsdp(x), y).backward()
-        fsdp.finish_gradient_synchronization()
-        opt.step()
-        opt.zero_grad()
+    _steps(fsdp, torch.optim.SGD(fsdp.parameters(), lr=0.5), 3, rank)
     return {n: t.numpy() for n, t in fsdp.gather_full_params().items()}
 
 

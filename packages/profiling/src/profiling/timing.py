@@ -23,6 +23,16 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
+def _timed_step(step: Callable[[], None], device: torch.device | str) -> tuple[float, float]:
+    """Seconds of one synchronized call of ``step``, and of that the wait in the synchronize."""
+    start = timeit.default_timer()
+    step()
+    queued = timeit.default_timer()
+    synchronize(device)
+    end = timeit.default_timer()
+    return end - start, end - queued
+
+
 def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device | str) -> list[float]:
     """Run ``warmup`` untimed then ``steps`` timed calls of ``step``; seconds of each timed call."""
     if warmup < 0 or steps < 1:
@@ -30,13 +40,7 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.
     for _ in range(warmup):
         step()
         synchronize(device)
-    times = []
-    for _ in range(steps):
-        start = timeit.default_timer()
-        step()
-        synchronize(device)
-        times.append(timeit.default_timer() - start)
-    return times
+    return [_timed_step(step, device)[0] for _ in range(steps)]
 
 
 def summarize(times: list[float]) -> dict[str, float]:
@@ -96,16 +100,8 @@ def _synced(step: Callable[[], None], steps: int, device: torch.device | str) ->
     """Mean seconds per synchronized step and its mean wait in the synchronize (after a warm call)."""
     step()
     synchronize(device)
-    total = wait = 0.0
-    for _ in range(steps):
-        start = timeit.default_timer()
-        step()
-        queued = timeit.default_timer()
-        synchronize(device)
-        end = timeit.default_timer()
-        total += end - start
-        wait += end - queued
-    return total / steps, wait / steps
+    timed = [_timed_step(step, device) for _ in range(steps)]
+    return statistics.fmean(t for t, _ in timed), statistics.fmean(w for _, w in timed)
 
 
 def sync_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
@@ -150,7 +146,7 @@ def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: to
         for r in range(rounds):
             for flag in (True, False) if r % 2 == 0 else (False, True):
                 ranges.set_enabled(flag)
-                means[flag].append(statistics.fmean(time_steps(step, 1, steps, device)))
+                means[flag].append(_synced(step, steps, device)[0])
     finally:
         ranges.set_enabled(was_on)
     return {"ranges_on_ms": statistics.median(means[True]) * 1e3,
