@@ -1,7 +1,6 @@
 import math
 import random
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -101,9 +100,30 @@ def test_bad_input_is_named():
         workload.attention_function("sparse")
 
 
-def test_sync_overhead_sees_a_cost_that_only_per_step_syncs_pay(monkeypatch):
-    monkeypatch.setattr(timing, "synchronize", lambda device: time.sleep(0.002))
-    result = sync_overhead(lambda: time.sleep(0.002), 4, 6, "cpu")
+class SimulatedClock:
+    """Time that passes only in ``sleep``, by the requested amount +-3% (seeded), so timing tests give the
+    same answer on an idle machine and on a busy one, where a real 2 ms sleep can take several more."""
+
+    def __init__(self) -> None:
+        self.now, self.rng = 0.0, random.Random(0)
+
+    def read(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds * self.rng.uniform(0.97, 1.03)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> SimulatedClock:
+    clock = SimulatedClock()
+    monkeypatch.setattr(timing.timeit, "default_timer", clock.read)
+    return clock
+
+
+def test_sync_overhead_sees_a_cost_that_only_per_step_syncs_pay(monkeypatch, clock):
+    monkeypatch.setattr(timing, "synchronize", lambda device: clock.sleep(0.002))
+    result = sync_overhead(lambda: clock.sleep(0.002), 4, 6, "cpu")
     # synced: 2 ms step + 2 ms sync; back to back: 2 ms step + 2 ms sync / 4 steps = 2.5 ms
     assert 3.5 < result["per_step_synced_ms"] < 5 and 2.2 < result["back_to_back_ms"] < 3.5
     assert 30 < result["overhead_pct"] < 90
@@ -122,9 +142,9 @@ def test_median_interval_covers_the_median_as_often_as_it_claims():
     assert median_ci(list(range(100))) == (39, 60)
 
 
-def test_range_overhead_sees_a_cost_that_only_ranges_pay(monkeypatch):
+def test_range_overhead_sees_a_cost_that_only_ranges_pay(monkeypatch, clock):
     monkeypatch.setattr(ranges, "_enabled", False)  # restored after the test whatever happens
-    result = range_overhead(lambda: time.sleep(0.004 if ranges.enabled() else 0.002), 2, 4, "cpu")
+    result = range_overhead(lambda: clock.sleep(0.004 if ranges.enabled() else 0.002), 2, 4, "cpu")
     assert not ranges.enabled()  # the caller's setting is restored
     assert result["steps_each"] == 8
     assert 50 < result["overhead_pct"] < 150  # 4 ms against 2 ms, give or take the sleep's jitter
