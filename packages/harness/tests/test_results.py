@@ -81,3 +81,10 @@ def test_write_json_and_environment(tmp_path):
 
 def test_command_line_quotes_arguments():
     assert command_line(["/x/demo.py", "--name", "a b"]).endswith("--name 'a b'")
+
+
+def test_to_markdown_can_keep_text_cells_as_written():
+    df = pd.DataFrame({"error": ["1.0e-16", "17"], "math": ["$x$", "0.10"]})
+    text = to_markdown(df, disable_numparse=True)
+    assert "1.0e-16" in text and "0.10" in text
+    assert "1e-16" in to_markdown(df)  # without it tabulate reads the text as numbers

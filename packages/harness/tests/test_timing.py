@@ -1,8 +1,12 @@
 import itertools
 import math
+import random
 import statistics
+import time
+from types import SimpleNamespace
 
 import pytest
+from harness import timing
 from harness.timing import (
     Marks,
     abba_rounds,
@@ -71,7 +75,6 @@ def test_abba_rounds_alternates_order():
 
 
 def test_marks_on_cpu_measure_host_time():
-    import time
 
     marks = Marks("cpu")
     marks.mark()
@@ -81,7 +84,6 @@ def test_marks_on_cpu_measure_host_time():
 
 
 def test_do_bench_on_cpu_is_a_median_of_real_calls():
-    import time
 
     calls = []
     ms = do_bench(lambda: calls.append(time.sleep(0.002)), device="cpu", rep_ms=30)
@@ -94,3 +96,46 @@ def test_sync_overhead_on_cpu_reports_its_fields():
     for key in ("per_step_synced_ms", "back_to_back_ms", "sync_wait_ms", "bound_pct", "overhead_pct"):
         assert math.isfinite(result[key])
     assert result["ci_low_pct"] <= result["median_pct"] <= result["ci_high_pct"]
+
+
+def test_time_steps_reports_progress_after_each_call():
+    lines = []
+    time_steps(lambda: None, warmup=2, steps=3, device="cpu", progress=lines.append)
+    assert lines[:2] == ["warm-up step 1/2", "warm-up step 2/2"] and len(lines) == 5
+    assert lines[-1].startswith("step 3/3: ") and lines[-1].endswith(" ms")
+
+
+class FakeClock:
+    """A clock that moves only when told: timing results become exact, whatever the machine's load."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, ms: float) -> None:
+        self.now += ms / 1e3
+
+
+def test_sync_overhead_sees_a_cost_that_only_per_step_syncs_pay(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "timeit", SimpleNamespace(default_timer=clock))
+    monkeypatch.setattr(timing, "synchronize", lambda device: clock.advance(2))
+    result = sync_overhead(lambda: clock.advance(2), 4, 6, "cpu")
+    # synced: 2 ms step + 2 ms sync; back to back: 2 ms step + 2 ms sync / 4 steps = 2.5 ms
+    assert result["per_step_synced_ms"] == pytest.approx(4)
+    assert result["back_to_back_ms"] == pytest.approx(2.5)
+    assert result["overhead_pct"] == pytest.approx(60) and result["noise_pct"] == pytest.approx(0, abs=1e-9)
+    # the wait after queueing is the 2 ms sync, which bounds the 1.5 ms the sync costs per step
+    assert result["sync_wait_ms"] == pytest.approx(2) and result["bound_pct"] == pytest.approx(80)
+
+
+def test_median_interval_covers_the_median_as_often_as_it_claims():
+    rng = random.Random(0)
+    for n in (6, 37, 64):
+        covered = sum(low <= 0 <= high for low, high in
+                      (median_ci([rng.expovariate(1) - math.log(2) for _ in range(n)]) for _ in range(2000)))
+        assert 0.945 <= covered / 2000 <= 0.995  # exact coverage of the chosen order statistics: 0.953-0.969
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few samples for 95%: the whole range
+    assert median_ci(list(range(100))) == (39, 60)

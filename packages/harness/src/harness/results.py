@@ -59,9 +59,10 @@ def write_json(path: str | Path, payload: Any) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
 
 
-def to_markdown(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
-    """``df`` as a GitHub Markdown table (pandas / tabulate), without the index."""
-    return df.to_markdown(index=False, floatfmt=floatfmt)
+def to_markdown(df: pd.DataFrame, floatfmt: str = ".4g", **options) -> str:
+    """``df`` as a GitHub Markdown table (pandas / tabulate), without the index; ``options`` go to
+    tabulate (``disable_numparse=True`` keeps text cells that look like numbers as written)."""
+    return df.to_markdown(index=False, floatfmt=floatfmt, **options)
 
 
 def write_table(

@@ -37,14 +37,30 @@ def timed_step(step: Callable[[], None], device: torch.device | str) -> tuple[fl
     return end - start, end - queued
 
 
-def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device | str) -> list[float]:
-    """Run ``warmup`` untimed then ``steps`` timed calls of ``step``; seconds of each timed call."""
+def time_steps(
+    step: Callable[[], None],
+    warmup: int,
+    steps: int,
+    device: torch.device | str,
+    progress: Callable[[str], None] | None = None,
+) -> list[float]:
+    """Run ``warmup`` untimed then ``steps`` timed calls of ``step``; seconds of each timed call.
+
+    ``progress``, when given, gets a short line after every call (outside the timed region).
+    """
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
-    for _ in range(warmup):
+    for i in range(warmup):
         step()
         synchronize(device)
-    return [timed_step(step, device)[0] for _ in range(steps)]
+        if progress is not None:
+            progress(f"warm-up step {i + 1}/{warmup}")
+    times = []
+    for i in range(steps):
+        times.append(timed_step(step, device)[0])
+        if progress is not None:
+            progress(f"step {i + 1}/{steps}: {times[-1] * 1e3:.1f} ms")
+    return times
 
 
 def summarize(times: list[float]) -> dict[str, float]:
