@@ -30,7 +30,8 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 
 def _rel_err(x, gold):
-    return ((x.double() - gold).norm() / gold.norm().clamp_min(1e-6)).item()
+    """Relative error, floored at an RMS of 1e-3 where the gold value is (near) zero, e.g. dq at one key."""
+    return ((x.double() - gold).norm() / gold.norm().clamp_min(1e-3 * gold.numel() ** 0.5)).item()
 
 
 def _poison_allocator(nbytes: int) -> None:
