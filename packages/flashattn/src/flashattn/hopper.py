@@ -59,8 +59,8 @@ class HopperConfigs(NamedTuple):
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
 # at (1, 32, S, 128), S = 8192 and 32768 (docs/flashattn.md, Hopper section); d 64 follows d 128's reasoning.
 _CONFIGS: dict[int, HopperConfigs] = {
-    128: HopperConfigs(HopperTile(128, 64, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
-    64: HopperConfigs(HopperTile(128, 64, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
+    128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
+    64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
 }
 _pinned: HopperConfigs | None = None
 

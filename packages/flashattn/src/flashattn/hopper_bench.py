@@ -13,19 +13,17 @@ import argparse
 
 FWD_STEPS = {  # name -> forward tile (block_m, block_n, warps, stages, persistent, tile_major, warp_spec)
     "tma-128x64-s3": (128, 64, 8, 3),
-    "tma-128x64-s4": (128, 64, 8, 4),
     "tma-128x128-s2": (128, 128, 8, 2),
     "tma-128x128-s3": (128, 128, 8, 3),
-    "tma-256x64-s2": (256, 64, 8, 2),
-    "tma-128x64-s3-tilemajor": (128, 64, 8, 3, False, True),
-    "tma-128x64-s3-persistent": (128, 64, 8, 3, True, True),
-    "tma-128x64-s3-warpspec": (128, 64, 8, 3, False, False, True),
+    "tma-128x128-s3-tilemajor": (128, 128, 8, 3, False, True),
+    "tma-128x128-s3-persistent": (128, 128, 8, 3, True, True),
+    "tma-128x128-s3-warpspec": (128, 128, 8, 3, False, False, True),
 }
 BWD_STEPS = {  # name -> (dkdv tile, dq tile)
     "tma-dkdv64x128-s3-dq128x64-s3": ((64, 128, 8, 3), (128, 64, 8, 3)),
     "tma-dkdv64x128-s2-dq128x64-s2": ((64, 128, 8, 2), (128, 64, 8, 2)),
+    "tma-dkdv64x128-s3-dq128x128-s2": ((64, 128, 8, 3), (128, 128, 8, 2)),
     "tma-dkdv32x128-s2-dq128x64-s2": ((32, 128, 8, 2), (128, 64, 8, 2)),
-    "tma-dkdv64x64-w4-dq64x128-s2": ((64, 64, 4, 2), (64, 128, 8, 2)),
     "tma-dkdv64x128-s3-dq128x64-s3-warpspec": ((64, 128, 8, 3, False, False, True), (128, 64, 8, 3)),
 }
 
