@@ -16,7 +16,7 @@ FWD_STEPS = {  # name -> forward tile (block_m, block_n, warps, stages, persiste
     "tma-128x128-s2": (128, 128, 8, 2),
     "tma-128x128-s3": (128, 128, 8, 3),
     "tma-128x128-s3-tilemajor": (128, 128, 8, 3, False, True),
-    "tma-128x128-s3-persistent": (128, 128, 8, 3, True, True),
+    "tma-128x128-s2-persistent": (128, 128, 8, 2, True, True),
     "tma-128x128-s3-warpspec": (128, 128, 8, 3, False, False, True),
 }
 BWD_STEPS = {  # name -> (dkdv tile, dq tile)
