@@ -123,12 +123,15 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> str 
     return None
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> None:
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> None:
     reason = _shape_reason(q, k, v, is_causal)
-    if reason is None and q.device.type != "cuda" and not triton.knobs.runtime.interpret:
-        reason = f"q is on {q.device}; the Hopper kernels need CUDA tensors (or TRITON_INTERPRET=1)"
     if reason is not None:
         raise ValueError(reason)
+
+
+def _check_device(q: Tensor) -> None:
+    if q.device.type != "cuda" and not triton.knobs.runtime.interpret:
+        raise ValueError(f"q is on {q.device}; the Hopper kernels need CUDA tensors (or TRITON_INTERPRET=1)")
 
 
 def _tma_ready(t: Tensor) -> Tensor:
@@ -162,7 +165,8 @@ def _opts(tile: HopperTile) -> dict:
 
 def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
     """``o`` ``(B, H, Sq, d)`` (contiguous, q's dtype) and fp32 ``lse`` ``(B, H, Sq)`` (natural log)."""
-    _check(q, k, v, is_causal)
+    _check_shapes(q, k, v, is_causal)
+    _check_device(q)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     tile = configs_for(head_dim).forward
@@ -182,13 +186,14 @@ def backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``dq, dk, dv`` (contiguous, shaped like ``q, k, v``) from the forward's ``o`` and ``lse``."""
+    _check_shapes(q, k, v, is_causal)
     if o.shape != q.shape or do.shape != q.shape:
         raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape {tuple(q.shape)}")
     if lse.shape != q.shape[:-1] or lse.dtype != torch.float32:
         raise ValueError(
             f"lse must be fp32 of shape {tuple(q.shape[:-1])}, got {lse.dtype} {tuple(lse.shape)}"
         )
-    _check(q, k, v, is_causal)
+    _check_device(q)
     q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
     lse = lse.contiguous()
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
