@@ -25,6 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from flashattn.hopper_bwd import dkdv_kernel, dq_kernel
 from flashattn.hopper_fwd import fwd_kernel
+from flashattn.interpret import check_interpreted
 
 LOG2E = math.log2(math.e)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -132,6 +133,7 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> None:
 def _check_device(q: Tensor) -> None:
     if q.device.type != "cuda" and not triton.knobs.runtime.interpret:
         raise ValueError(f"q is on {q.device}; the Hopper kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    check_interpreted(q)
 
 
 def _tma_ready(t: Tensor) -> Tensor:
