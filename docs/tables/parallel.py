@@ -1,0 +1,103 @@
+"""Generated blocks of the multi-GPU docs (collectives, DDP, FSDP, analysis, README), from their CSVs."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from . import block
+from .fmt import num, read_csv, table
+
+DDP_FP32 = "docs/data/ddp-xl-fp32-2026-11-29c.csv"
+DDP_BF16_RUNS = [
+    "docs/data/ddp-xl-bf16-run1-2026-11-29c.csv",
+    "docs/data/ddp-xl-bf16-run2-2026-11-29c.csv",
+    "docs/data/ddp-xl-bf16-run3-2026-11-29c.csv",
+    "docs/data/ddp-xl-bf16-2026-11-29e.csv",
+]
+DDP_100MIB = "docs/data/ddp-xl-bf16-100mib-2026-11-29c.csv"
+ABLATION = "apps/leaderboard/results/h200x2-2026-11-29-run2/ablation-8b.csv"
+BF16_PEAK_TFLOPS = 989.0  # dense bf16 tensor-core peak of one H200 (SXM datasheet)
+
+
+@block("readme.ddp-100mib")
+def ddp_100mib() -> str:
+    d = read_csv(DDP_100MIB).set_index("variant")
+    ratio = d.loc["bucketed", "step_ms"] / d.loc["torch", "step_ms"]
+    return f"BF16 with 100 MiB buckets in both BucketedDDP and torch DDP {ratio:.3f}x"
+
+
+@block("fsdp.gathered-blocks")
+def gathered_blocks() -> str:
+    from analysis.accounting import block_parameter_count
+    from cs336_basics.presets import get_preset
+
+    per_block = block_parameter_count(get_preset("xl"))
+    return f"3 x {num(per_block / 1e6, 0)} M x 2 bytes = {num(3 * per_block * 2 / 2**30, 2)} GiB"
+
+
+@block("analysis.mfu")
+def mfu_table() -> str:
+    """Step times of the project's own runs, TFLOP/s as each benchmark computed them, MFU against 989."""
+    rows = []
+    fp32 = read_csv(DDP_FP32).set_index(["variant", "bucket_mb"]).loc[("torch", 25.0)]
+    rows.append(
+        [
+            "xl",
+            "torch DDP 25 MiB, FP32",
+            "4 x 512",
+            num(fp32["step_ms"] / 1000, 3),
+            num(fp32["tflops_per_gpu"], 0),
+            f"{num(100 * fp32['tflops_per_gpu'] / BF16_PEAK_TFLOPS)}%",
+            f"[csv]({DDP_FP32.removeprefix('docs/')})",
+        ]
+    )
+    for path in DDP_BF16_RUNS:
+        r = read_csv(path).set_index(["variant", "bucket_mb"]).loc[("torch", 25.0)]
+        rows.append(
+            [
+                "xl",
+                "torch DDP 25 MiB, BF16 autocast",
+                "4 x 512",
+                num(r["step_ms"] / 1000, 3),
+                num(r["tflops_per_gpu"], 0),
+                f"{num(100 * r['tflops_per_gpu'] / BF16_PEAK_TFLOPS)}%",
+                f"[csv]({path.removeprefix('docs/')})",
+            ]
+        )
+    ablation = read_csv(ABLATION)
+    for label, row in (
+        ("baseline: FSDP2, SDPA cuDNN, every block checkpointed", ablation.iloc[0]),
+        ("default `train.py` (our FSDP and fused kernels)", _ablation_row(ablation)),
+    ):
+        rows.append(
+            [
+                "leaderboard-8b",
+                label,
+                "1 x 32 768",
+                num(row["median s"], 3),
+                num(row["TFLOP/s/GPU"], 0),
+                f"{num(row['MFU %'])}%",
+                f"[csv](../{ABLATION})",
+            ]
+        )
+    cols = ["model", "setting", "tokens per GPU", "step (s)", "TFLOP/s", "MFU", "raw file"]
+    return table(cols, rows, [False, False, False, True, True, True, False])
+
+
+def _ablation_row(ablation: pd.DataFrame) -> pd.Series:
+    return ablation[ablation["step"].str.contains("our parallel.FSDP")].iloc[0]
+
+
+@block("collectives.allreduce-1gib")
+def allreduce_1gib() -> str:
+    c = read_csv("docs/collectives.csv")
+    r = c[
+        (c["backend"] == "nccl")
+        & (c["processes"] == 2)
+        & (c["collective"] == "all_reduce")
+        & (c["size_bytes"] == 2**30)
+    ].iloc[0]
+    return (
+        f"{num(r['busbw_GBps'], 0)} GB/s bus bandwidth ({num(r['median_ms'], 2)} ms), "
+        f"{num(100 * r['busbw_GBps'] / 450, 0)}% of NVLink's 450 GB/s per direction"
+    )
