@@ -1,6 +1,7 @@
 """The generated tables and numbers of docs/*.md still match the raw files they come from (CPU only, fast)."""
 
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -42,3 +43,21 @@ def test_a_changed_number_is_reported(tables, tmp_path, monkeypatch):
 def test_unknown_block_names_fail_loudly(tables):
     with pytest.raises(KeyError, match="no-such-block"):
         tables.render("<!-- gen:no-such-block --><!-- /gen -->")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_the_index_links_to_existing_sections():
+    index = (ROOT / "docs/README.md").read_text()
+    links = re.findall(r"\]\(([\w.-]+\.md)(?:#([\w-]+))?\)", index)
+    assert len(links) > 30
+    for name, anchor in links:
+        doc = ROOT / "docs" / name
+        assert doc.exists(), name
+        if anchor:
+            headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", doc.read_text(), re.MULTILINE)}
+            assert anchor in headings, f"{name}#{anchor}"
