@@ -120,7 +120,7 @@ def stream_busy_ms(trace: str) -> tuple[float, dict[str, float]]:
     start = min(a for v in streams.values() for a, _, _ in v)
     end = max(b for v in streams.values() for _, b, _ in v)
     busy = {}
-    for key, spans in streams.items():
+    for spans in streams.values():
         total, reach, nccl = 0.0, float("-inf"), any(n for _, _, n in spans)
         for a, b, _ in sorted(spans):
             total += max(0.0, b - max(a, reach))
@@ -132,6 +132,7 @@ def stream_busy_ms(trace: str) -> tuple[float, dict[str, float]]:
 @block("fsdp.ours-busy")
 def ours_busy() -> str:
     span, busy = stream_busy_ms("docs/fsdp-trace-ours.json.gz")
-    return (f"{num(busy['compute'], 0)} ms of the {num(span, 0)} ms profiled span; the communication stream's NCCL "
-            f"kernels occupy {num(busy['communication'], 0)} ms, but that time includes gathers waiting (spinning) "
-            f"for their peer, not only transfers")
+    compute, comm = num(busy["compute"], 0), num(busy["communication"], 0)
+    return (f"{compute} ms of the {num(span, 0)} ms profiled span; the communication stream's NCCL "
+            f"kernels occupy {comm} ms, but that time includes gathers waiting (spinning) for their peer, "
+            "not only transfers")
