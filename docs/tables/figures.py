@@ -58,13 +58,30 @@ def naive_memory_figure(out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (attention, d), group in data.groupby(["attention", "head_dim"]):
         group = group.sort_values("seq")
-        ax.plot(group["seq"], group["mem before bwd GiB"], marker="o", ms=3,
-                ls="-" if attention == "eager" else "--", label=f"{attention}, d = {d}")
+        ax.plot(
+            group["seq"],
+            group["mem before bwd GiB"],
+            marker="o",
+            ms=3,
+            ls="-" if attention == "eager" else "--",
+            label=f"{attention}, d = {d}",
+        )
     analytic = data.drop_duplicates("seq").sort_values("seq")
-    ax.plot(analytic["seq"], analytic["analytic saved GiB"], color="black", lw=2, alpha=0.4,
-            label="analytic saved (scores, batch 8)")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="GiB in use before backward",
-           title="naive PyTorch attention, batch 8, one head")
+    ax.plot(
+        analytic["seq"],
+        analytic["analytic saved GiB"],
+        color="black",
+        lw=2,
+        alpha=0.4,
+        label="analytic saved (scores, batch 8)",
+    )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sequence length",
+        ylabel="GiB in use before backward",
+        title="naive PyTorch attention, batch 8, one head",
+    )
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

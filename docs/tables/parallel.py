@@ -116,7 +116,8 @@ def stream_busy_ms(trace: str) -> tuple[float, dict[str, float]]:
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
             streams.setdefault(f"{e['pid']}/{e['tid']}", []).append(
-                (e["ts"], e["ts"] + e["dur"], "nccl" in e["name"].lower()))
+                (e["ts"], e["ts"] + e["dur"], "nccl" in e["name"].lower())
+            )
     start = min(a for v in streams.values() for a, _, _ in v)
     end = max(b for v in streams.values() for _, b, _ in v)
     busy = {}
@@ -133,6 +134,8 @@ def stream_busy_ms(trace: str) -> tuple[float, dict[str, float]]:
 def ours_busy() -> str:
     span, busy = stream_busy_ms("docs/fsdp-trace-ours.json.gz")
     compute, comm = num(busy["compute"], 0), num(busy["communication"], 0)
-    return (f"{compute} ms of the {num(span, 0)} ms profiled span; the communication stream's NCCL "
-            f"kernels occupy {comm} ms, but that time includes gathers waiting (spinning) for their peer, "
-            "not only transfers")
+    return (
+        f"{compute} ms of the {num(span, 0)} ms profiled span; the communication stream's NCCL "
+        f"kernels occupy {comm} ms, but that time includes gathers waiting (spinning) for their peer, "
+        "not only transfers"
+    )
