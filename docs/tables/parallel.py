@@ -139,3 +139,20 @@ def ours_busy() -> str:
         f"kernels occupy {comm} ms, but that time includes gathers waiting (spinning) for their peer, "
         "not only transfers"
     )
+
+
+@block("zero.state")
+def zero_state() -> str:
+    """Parameters, gradients and optimizer state per rank, from the tensors, against the accounting."""
+    z = read_csv("docs/zero.csv")
+    rows = []
+    for _, r in z.iterrows():
+        if r["mode"] == "unsharded" and r["rank"] != 0:
+            continue
+        mode = "unsharded (each rank)" if r["mode"] == "unsharded" else f"{r['mode']}, rank {r['rank']}"
+        row = [mode]
+        for part in ("params", "grads", "optimizer_state"):
+            row += [num(r[f"{part}_GiB"], 2), num(r[f"expected_{part}_GiB"], 2)]
+        rows.append(row)
+    cols = ["mode", "parameters", "expected", "gradients", "expected", "optimizer state", "expected"]
+    return table(cols, rows)
