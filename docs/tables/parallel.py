@@ -156,3 +156,62 @@ def zero_state() -> str:
         rows.append(row)
     cols = ["mode", "parameters", "expected", "gradients", "expected", "optimizer state", "expected"]
     return table(cols, rows)
+
+
+def _size(mib: float) -> str:
+    return f"{num(mib / 1024, 0)} GiB" if mib >= 1024 else f"{num(mib, 0)} MiB"
+
+
+def _gbps(x: float) -> str:
+    return num(x, 1) if x < 100 else num(x, 0)
+
+
+@block("collectives.allreduce")
+def allreduce_table() -> str:
+    c = read_csv("docs/collectives.csv")
+    c = c[(c["backend"] == "nccl") & (c["collective"] == "all_reduce")]
+    c = c.sort_values(["processes", "size_bytes"])
+    rows = [[r["processes"], _size(r["size_mib"]), f"{_ms(r['median_ms'])} ms",
+             f"{_ms(r['p10_ms'])} – {_ms(r['p90_ms'])}", f"{_gbps(r['algbw_GBps'])} GB/s",
+             f"{_gbps(r['busbw_GBps'])} GB/s"] for _, r in c.iterrows()]
+    return table(["processes", "size", "median", "p10 – p90", "algbw", "busbw"], rows)
+
+
+def _ms(x: float) -> str:
+    return num(x, 3 if x < 1 else 2)
+
+
+@block("collectives.gather-scatter")
+def gather_scatter_table() -> str:
+    c = read_csv("docs/collectives.csv")
+    c = c[(c["backend"] == "nccl") & (c["collective"] != "all_reduce")]
+    wide = c.pivot_table(index=["processes", "collective"], columns="size_mib", values="busbw_GBps")
+    rows = [[p, coll.replace("_", "-"), *(_gbps(x) for x in r)] for (p, coll), r in wide.iterrows()]
+    return table(["processes", "collective", *(_size(m) for m in wide.columns)], rows,
+                 [True, False, *([True] * len(wide.columns))])
+
+
+@block("fsdp.step")
+def fsdp_step() -> str:
+    f = read_csv("docs/fsdp.csv").set_index("impl")
+    rows = []
+    for impl, label in (("ours", "`parallel.FSDP`"), ("fsdp2", "FSDP2 (`fully_shard`)")):
+        r = f.loc[impl]
+        rows.append([label, num(r["step_ms"]), num(r["tflops_per_gpu"], 0), num(r["vs_fsdp2_time"], 2),
+                     num(r["peak_GiB"], 2), num(r["vs_fsdp2_memory"], 3)])
+    cols = ["implementation", "step (ms)", "TFLOP/s per GPU", "vs FSDP2", "peak allocated (GiB)", "vs FSDP2"]
+    return table(cols, rows)
+
+
+@block("fsdp.gathers")
+def fsdp_gathers() -> str:
+    g = read_csv("docs/fsdp-gathers.csv")
+    rows = []
+    for (rank, phase), d in g.groupby(["rank", "phase"], sort=False):
+        late = d["late_ms"]
+        early = int((late <= 0).sum())
+        rows.append([rank, phase, len(d), early, f"{late.median():+.2f}", f"{late.max():+.2f}",
+                     num(late.clip(lower=0).sum(), 2)])
+    cols = ["rank", "phase", "gathers", "finished before needed", "median late (ms)", "max late (ms)",
+            "total stall (ms)"]
+    return table(cols, rows, [True, False, True, True, True, True, True])
