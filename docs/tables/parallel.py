@@ -215,3 +215,41 @@ def fsdp_gathers() -> str:
     cols = ["rank", "phase", "gathers", "finished before needed", "median late (ms)", "max late (ms)",
             "total stall (ms)"]
     return table(cols, rows, [True, False, True, True, True, True, True])
+
+
+def _variant(v: str, bucket_mb: float) -> str:
+    names = {"local": "local (no communication)", "ddp": "DDP (per-parameter overlap)", "naive": "naive DDP",
+             "flat": "flat DDP"}
+    if v in names:
+        return names[v]
+    return f"{'BucketedDDP' if v == 'bucketed' else 'torch DDP'} {num(bucket_mb, 0)} MiB"
+
+
+def _ddp_row(r: pd.Series) -> list[str]:
+    return [_variant(r["variant"], r["bucket_mb"]), num(r["step_ms"]),
+            f"{num(r['step_min_ms'])} – {num(r['step_max_ms'])}", num(r["sync_wait_ms"], 2)]
+
+
+@block("ddp.bf16-runs")
+def ddp_bf16_runs() -> str:
+    rows = []
+    for run, path in enumerate(DDP_BF16_RUNS[:3], start=1):
+        for _, r in read_csv(path).iterrows():
+            comm = r["comm_overhead_ms"]
+            rows.append([run, *_ddp_row(r), num(comm, 1), f"{num(100 * r['comm_share'])}%",
+                         num(r["vs_torch"], 3), num(r["tflops_per_gpu"], 0), num(r["peak_mem_GiB"])])
+    cols = ["run", "variant", "step (ms)", "min – max (ms)", "sync_wait (ms)", "comm overhead (ms)",
+            "share of step", "vs torch DDP", "TFLOP/s per GPU", "peak (GiB)"]
+    return table(cols, rows, [True, False, *([True] * 8)])
+
+
+@block("ddp.100mib-fp32")
+def ddp_100mib_fp32() -> str:
+    rows = []
+    for label, path in (("bf16", DDP_100MIB), ("fp32", DDP_FP32)):
+        for _, r in read_csv(path).iterrows():
+            tflops = num(r["tflops_per_gpu"], 1 if label == "fp32" else 0)
+            rows.append([label, *_ddp_row(r), num(r["vs_torch"], 3), tflops, num(r["peak_mem_GiB"])])
+    cols = ["precision", "variant", "step (ms)", "min – max (ms)", "sync_wait (ms)", "vs torch DDP",
+            "TFLOP/s per GPU", "peak (GiB)"]
+    return table(cols, rows, [False, False, *([True] * 6)])
