@@ -31,7 +31,7 @@ def block(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
 
 
 def _load_generators() -> None:
-    from . import flashattn, kernels, memory, overheads, parallel, profiling, profiling_more  # noqa: F401  (registration by import)
+    from . import flashattn, kernels, leaderboard, memory, overheads, parallel, profiling, profiling_more  # noqa: F401  (registration by import)
 
 
 def render(text: str, cache: dict[str, str] | None = None) -> str:
