@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
+import pandas as pd
+
 from . import block
-from .fmt import ROOT, num
+from .fmt import ROOT, num, table
 
 LINE = re.compile(r"bf16 matmul 8192\^3: (\d+) TFLOP/s")
 
@@ -31,10 +33,101 @@ def matmul_logs() -> str:
 @block("flashattn.forward-share")
 def forward_share() -> str:
     """Our forward's 533 TFLOP/s (flashattn-tune.csv's best forward) as a share of the logged matmul rates."""
-    import pandas as pd
-
     tune = pd.read_csv(ROOT / "docs/figures/flashattn-tune.csv")
     best = tune[tune["kernel"] == "forward"]["TFLOP/s"].max()
     rates = logged_rates().values()
     low, high = num(100 * best / max(rates), 0), num(100 * best / min(rates), 0)
     return f"{num(best, 0)} ({low}-{high}% of the matmul)"
+
+
+def sig3(x: float) -> str:
+    """Three significant digits without an exponent (``0.100``, ``16.4``, ``160``); ``-`` for NaN."""
+    if x != x:
+        return "-"
+    return str(round(x)) if abs(x) >= 100 else f"{x:#.3g}".rstrip(".")
+
+
+@block("flashattn.naive")
+def naive_table() -> str:
+    """Naive attention, eager and compiled side by side (memory columns are those of the eager run)."""
+    d = pd_read("docs/data/flashattn-pytorch-attention-2026-11-29b.csv")
+    eager = d[d["attention"] == "eager"].set_index(["head_dim", "seq"])
+    compiled = d[d["attention"] == "compiled"].set_index(["head_dim", "seq"])
+    rows = []
+    for key, e in eager.iterrows():
+        c = compiled.loc[key]
+        speed = (e["fwd ms"] + e["bwd ms"]) / (c["fwd ms"] + c["bwd ms"])
+        rows.append([*key, sig3(e["fwd ms"]), sig3(e["bwd ms"]), sig3(c["fwd ms"]), sig3(c["bwd ms"]),
+                     f"{speed:.2f}", sig3(e["mem before bwd GiB"]), sig3(e["saved by autograd GiB"]),
+                     f"{e['analytic saved GiB']:.3g}", f"{e['analytic peak GiB']:.3g}"])
+    cols = ["head_dim", "seq", "eager fwd ms", "eager bwd ms", "compiled fwd ms", "compiled bwd ms",
+            "eager / compiled, fwd+bwd", "mem before bwd GiB", "saved by autograd GiB", "analytic saved GiB",
+            "analytic peak GiB"]
+    return table(cols, rows, [True] * len(cols))
+
+
+@block("flashattn.naive-memory-identical")
+def naive_memory_identical() -> str:
+    d = pd_read("docs/data/flashattn-pytorch-attention-2026-11-29b.csv")
+    cols = ["mem before bwd GiB", "saved by autograd GiB"]
+    eager = d[d["attention"] == "eager"].set_index(["head_dim", "seq"])[cols]
+    compiled = d[d["attention"] == "compiled"].set_index(["head_dim", "seq"])[cols]
+    same = bool((eager == compiled.loc[eager.index]).all().all())
+    if not same:
+        return "The memory columns below are the eager run's; the compiled run's differ."
+    return ("The two memory columns are the same to the byte for eager and compiled in every cell, so each "
+            "appears once.")
+
+
+@block("flashattn.tune")
+def tune_table() -> str:
+    t = pd_read("docs/figures/flashattn-tune.csv")
+    rows = [[r["kernel"], *(num(r[c], 0) for c in ("block_m", "block_n", "num_warps", "num_stages")),
+             f"{r['ms']:.2f}", num(r["TFLOP/s"], 0)] for _, r in t.iterrows()]
+    return table(["kernel", "block_m", "block_n", "num_warps", "num_stages", "ms", "TFLOP/s"], rows)
+
+
+@block("flashattn.multihead")
+def multihead_table() -> str:
+    m = pd_read("docs/data/flashattn-multihead.csv")
+    rows = []
+    for _, r in m.iterrows():
+        naive = r["naive ms"]
+        measured = not isinstance(naive, str) or naive.replace(".", "").isdigit()
+        naive_text = sig3(float(naive)) if measured else naive
+        rows.append([r["batch"], r["heads"], r["seq"], r["head_dim"], r["pass"], sig3(r["ours ms"]),
+                     naive_text, sig3(r["sdpa_flash ms"]), sig3(r["sdpa_cudnn ms"]),
+                     num(r["ours TFLOP/s"], 0),
+                     sig3(r["naive/ours"]), f"{r['sdpa_flash/ours']:.2f}", f"{r['sdpa_cudnn/ours']:.2f}",
+                     f"{r['ours % of matmul']:.1f}"])
+    cols = ["batch", "heads", "seq", "head_dim", "pass", "ours ms", "naive ms", "sdpa_flash ms",
+            "sdpa_cudnn ms", "ours TFLOP/s", "naive/ours", "sdpa_flash/ours", "sdpa_cudnn/ours",
+            "ours % of matmul"]
+    return table(cols, rows, [True, True, True, True, False, *([True] * 9)])
+
+
+FP32_SHOWN = (1024, 4096, 16384, 32768, 65536)
+
+
+@block("flashattn.fp32-sweep")
+def fp32_sweep() -> str:
+    """d 16-64 from the third run's sweep, d 128 from the final-table run; five of the ten lengths."""
+    a = pd_read("docs/data/flashattn-sweep-fp32-2026-11-29c.csv")
+    b = pd_read("docs/data/flashattn-sweep-fp32-d128-final-2026-11-29c.csv")
+    data = pd.concat([a[a["head_dim"] < 128], b]).set_index(["head_dim", "seq", "pass"])
+    rows = []
+    for d in sorted({k[0] for k in data.index}):
+        for s in FP32_SHOWN:
+            row = [d, s]
+            for p in ("fwd", "bwd", "fwd+bwd"):
+                r = data.loc[(d, s, p)]
+                row += [sig3(r["ours ms"]), sig3(r["naive ms"]), sig3(r["naive/ours"])]
+            row.append(f"{data.loc[(d, s, 'fwd+bwd')]['ours TFLOP/s']:.1f}")
+            rows.append(row)
+    cols = ["d", "seq", "ours fwd ms", "naive fwd ms", "naive / ours", "ours bwd ms", "naive bwd ms",
+            "naive / ours", "ours fwd+bwd ms", "naive fwd+bwd ms", "naive / ours", "ours fwd+bwd TFLOP/s"]
+    return table(cols, rows, [True] * len(cols))
+
+
+def pd_read(path: str) -> pd.DataFrame:
+    return pd.read_csv(ROOT / path)
