@@ -57,12 +57,33 @@ def naive_table() -> str:
     for key, e in eager.iterrows():
         c = compiled.loc[key]
         speed = (e["fwd ms"] + e["bwd ms"]) / (c["fwd ms"] + c["bwd ms"])
-        rows.append([*key, sig3(e["fwd ms"]), sig3(e["bwd ms"]), sig3(c["fwd ms"]), sig3(c["bwd ms"]),
-                     f"{speed:.2f}", sig3(e["mem before bwd GiB"]), sig3(e["saved by autograd GiB"]),
-                     f"{e['analytic saved GiB']:.3g}", f"{e['analytic peak GiB']:.3g}"])
-    cols = ["head_dim", "seq", "eager fwd ms", "eager bwd ms", "compiled fwd ms", "compiled bwd ms",
-            "eager / compiled, fwd+bwd", "mem before bwd GiB", "saved by autograd GiB", "analytic saved GiB",
-            "analytic peak GiB"]
+        rows.append(
+            [
+                *key,
+                sig3(e["fwd ms"]),
+                sig3(e["bwd ms"]),
+                sig3(c["fwd ms"]),
+                sig3(c["bwd ms"]),
+                f"{speed:.2f}",
+                sig3(e["mem before bwd GiB"]),
+                sig3(e["saved by autograd GiB"]),
+                f"{e['analytic saved GiB']:.3g}",
+                f"{e['analytic peak GiB']:.3g}",
+            ]
+        )
+    cols = [
+        "head_dim",
+        "seq",
+        "eager fwd ms",
+        "eager bwd ms",
+        "compiled fwd ms",
+        "compiled bwd ms",
+        "eager / compiled, fwd+bwd",
+        "mem before bwd GiB",
+        "saved by autograd GiB",
+        "analytic saved GiB",
+        "analytic peak GiB",
+    ]
     return table(cols, rows, [True] * len(cols))
 
 
@@ -75,15 +96,24 @@ def naive_memory_identical() -> str:
     same = bool((eager == compiled.loc[eager.index]).all().all())
     if not same:
         return "The memory columns below are the eager run's; the compiled run's differ."
-    return ("The two memory columns are the same to the byte for eager and compiled in every cell, so each "
-            "appears once.")
+    return (
+        "The two memory columns are the same to the byte for eager and compiled in every cell, so each "
+        "appears once."
+    )
 
 
 @block("flashattn.tune")
 def tune_table() -> str:
     t = pd_read("docs/figures/flashattn-tune.csv")
-    rows = [[r["kernel"], *(num(r[c], 0) for c in ("block_m", "block_n", "num_warps", "num_stages")),
-             f"{r['ms']:.2f}", num(r["TFLOP/s"], 0)] for _, r in t.iterrows()]
+    rows = [
+        [
+            r["kernel"],
+            *(num(r[c], 0) for c in ("block_m", "block_n", "num_warps", "num_stages")),
+            f"{r['ms']:.2f}",
+            num(r["TFLOP/s"], 0),
+        ]
+        for _, r in t.iterrows()
+    ]
     return table(["kernel", "block_m", "block_n", "num_warps", "num_stages", "ms", "TFLOP/s"], rows)
 
 
@@ -95,14 +125,40 @@ def multihead_table() -> str:
         naive = r["naive ms"]
         measured = not isinstance(naive, str) or naive.replace(".", "").isdigit()
         naive_text = sig3(float(naive)) if measured else naive
-        rows.append([r["batch"], r["heads"], r["seq"], r["head_dim"], r["pass"], sig3(r["ours ms"]),
-                     naive_text, sig3(r["sdpa_flash ms"]), sig3(r["sdpa_cudnn ms"]),
-                     num(r["ours TFLOP/s"], 0),
-                     sig3(r["naive/ours"]), f"{r['sdpa_flash/ours']:.2f}", f"{r['sdpa_cudnn/ours']:.2f}",
-                     f"{r['ours % of matmul']:.1f}"])
-    cols = ["batch", "heads", "seq", "head_dim", "pass", "ours ms", "naive ms", "sdpa_flash ms",
-            "sdpa_cudnn ms", "ours TFLOP/s", "naive/ours", "sdpa_flash/ours", "sdpa_cudnn/ours",
-            "ours % of matmul"]
+        rows.append(
+            [
+                r["batch"],
+                r["heads"],
+                r["seq"],
+                r["head_dim"],
+                r["pass"],
+                sig3(r["ours ms"]),
+                naive_text,
+                sig3(r["sdpa_flash ms"]),
+                sig3(r["sdpa_cudnn ms"]),
+                num(r["ours TFLOP/s"], 0),
+                sig3(r["naive/ours"]),
+                f"{r['sdpa_flash/ours']:.2f}",
+                f"{r['sdpa_cudnn/ours']:.2f}",
+                f"{r['ours % of matmul']:.1f}",
+            ]
+        )
+    cols = [
+        "batch",
+        "heads",
+        "seq",
+        "head_dim",
+        "pass",
+        "ours ms",
+        "naive ms",
+        "sdpa_flash ms",
+        "sdpa_cudnn ms",
+        "ours TFLOP/s",
+        "naive/ours",
+        "sdpa_flash/ours",
+        "sdpa_cudnn/ours",
+        "ours % of matmul",
+    ]
     return table(cols, rows, [True, True, True, True, False, *([True] * 9)])
 
 
@@ -124,8 +180,20 @@ def fp32_sweep() -> str:
                 row += [sig3(r["ours ms"]), sig3(r["naive ms"]), sig3(r["naive/ours"])]
             row.append(f"{data.loc[(d, s, 'fwd+bwd')]['ours TFLOP/s']:.1f}")
             rows.append(row)
-    cols = ["d", "seq", "ours fwd ms", "naive fwd ms", "naive / ours", "ours bwd ms", "naive bwd ms",
-            "naive / ours", "ours fwd+bwd ms", "naive fwd+bwd ms", "naive / ours", "ours fwd+bwd TFLOP/s"]
+    cols = [
+        "d",
+        "seq",
+        "ours fwd ms",
+        "naive fwd ms",
+        "naive / ours",
+        "ours bwd ms",
+        "naive bwd ms",
+        "naive / ours",
+        "ours fwd+bwd ms",
+        "naive fwd+bwd ms",
+        "naive / ours",
+        "ours fwd+bwd TFLOP/s",
+    ]
     return table(cols, rows, [True] * len(cols))
 
 

@@ -222,16 +222,39 @@ def attention_split() -> str:
     kernels, summary = kernel_rows(), kernel_summaries()
     rows = []
     for _, f in _range(summary, "forward", "forward").iterrows():
-        cell = kernels[(kernels["size"] == f["size"]) & (kernels["context"] == f["context"])
-                       & (kernels["dtype"] == f["dtype"]) & (kernels["mode"] == "forward")]
+        cell = kernels[
+            (kernels["size"] == f["size"])
+            & (kernels["context"] == f["context"])
+            & (kernels["dtype"] == f["dtype"])
+            & (kernels["mode"] == "forward")
+        ]
         parts = {r: cell[cell["range"] == f"attention.{r}"] for r in ("scores", "softmax", "weighted_sum")}
         matmul = sum(p[p["matmul"]]["ms_per_step"].sum() for p in (parts["scores"], parts["weighted_sum"]))
         softmax = parts["softmax"]["ms_per_step"].sum()
         rest = sum(p[~p["matmul"]]["ms_per_step"].sum() for p in (parts["scores"], parts["weighted_sum"]))
         forward, attention = f["gpu_ms_per_step"], matmul + softmax + rest
-        rows.append([f["size"], f["context"], f["dtype"], num(matmul, 3), num(softmax, 3),
-                     pct(100 * softmax / matmul, 0), num(rest, 3), pct(100 * attention / forward),
-                     pct(100 * softmax / forward)])
-    cols = ["size", "context", "dtype", "`QK^T` + `PV` matmuls ms", "softmax ms", "softmax / matmul time",
-            "scaling, mask, copies ms", "attention share of forward", "softmax share of forward"]
+        rows.append(
+            [
+                f["size"],
+                f["context"],
+                f["dtype"],
+                num(matmul, 3),
+                num(softmax, 3),
+                pct(100 * softmax / matmul, 0),
+                num(rest, 3),
+                pct(100 * attention / forward),
+                pct(100 * softmax / forward),
+            ]
+        )
+    cols = [
+        "size",
+        "context",
+        "dtype",
+        "`QK^T` + `PV` matmuls ms",
+        "softmax ms",
+        "softmax / matmul time",
+        "scaling, mask, copies ms",
+        "attention share of forward",
+        "softmax share of forward",
+    ]
     return table(cols, rows, [False, True, False, True, True, True, True, True, True])

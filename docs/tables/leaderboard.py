@@ -39,10 +39,28 @@ def ablation() -> str:
             before = s
         label = r["step"] + (" = **the default**" if r["step"] == DEFAULT else "")
         peak = f"{num(r['peak GiB/GPU'])} / {num(reserved[r['step']])}"
-        rows.append([label, num(s, 3), num(r["x baseline"], 3), gain, num(r["TFLOP/s/GPU"]), num(r["MFU %"]),
-                     peak, num(r["alloc retries"], 0)])
-    cols = ["step", "median s", "× baseline", "gain over the row above", "TFLOP/s/GPU", "MFU %",
-            "peak GiB/GPU (allocated / reserved)", "allocator retries"]
+        rows.append(
+            [
+                label,
+                num(s, 3),
+                num(r["x baseline"], 3),
+                gain,
+                num(r["TFLOP/s/GPU"]),
+                num(r["MFU %"]),
+                peak,
+                num(r["alloc retries"], 0),
+            ]
+        )
+    cols = [
+        "step",
+        "median s",
+        "× baseline",
+        "gain over the row above",
+        "TFLOP/s/GPU",
+        "MFU %",
+        "peak GiB/GPU (allocated / reserved)",
+        "allocator retries",
+    ]
     return table(cols, rows)
 
 
@@ -50,18 +68,40 @@ def ablation() -> str:
 def large_8k() -> str:
     d: pd.DataFrame = read_csv(RUN2 + "large-8k.csv")
     left = _runs(RUN2 + "large-8k.json", "allocated_gib_at_start")
-    rows = [[r["step"], num(r["median s"], 3), num(r["x baseline"], 3), num(r["TFLOP/s/GPU"]),
-             num(r["MFU %"]), num(r["peak GiB/GPU"]), num(left[r["step"]])] for _, r in d.iterrows()]
-    cols = ["step", "median s", "× baseline", "TFLOP/s/GPU", "MFU %", "peak GiB/GPU",
-            "GiB allocated at the row's start"]
+    rows = [
+        [
+            r["step"],
+            num(r["median s"], 3),
+            num(r["x baseline"], 3),
+            num(r["TFLOP/s/GPU"]),
+            num(r["MFU %"]),
+            num(r["peak GiB/GPU"]),
+            num(left[r["step"]]),
+        ]
+        for _, r in d.iterrows()
+    ]
+    cols = [
+        "step",
+        "median s",
+        "× baseline",
+        "TFLOP/s/GPU",
+        "MFU %",
+        "peak GiB/GPU",
+        "GiB allocated at the row's start",
+    ]
     return table(cols, rows)
 
 
 def _result_row(label: str, run: dict, baseline_s: float) -> list[str]:
     s = run["median_step_seconds"]
-    return [label, f"{num(s, 3)} s", num(s / baseline_s, 3), num(run["median_tflops_per_gpu"], 0),
-            f"{num(100 * run['median_mfu'])} %",
-            f"{num(run['peak_memory_gib_per_gpu'])} / {num(run['peak_reserved_gib_per_gpu'])} GiB"]
+    return [
+        label,
+        f"{num(s, 3)} s",
+        num(s / baseline_s, 3),
+        num(run["median_tflops_per_gpu"], 0),
+        f"{num(100 * run['median_mfu'])} %",
+        f"{num(run['peak_memory_gib_per_gpu'])} / {num(run['peak_reserved_gib_per_gpu'])} GiB",
+    ]
 
 
 def _measured(run: dict) -> int:
@@ -76,13 +116,22 @@ def result() -> str:
     baseline = next(r for label, r in runs.items() if label.startswith("baseline"))
     base_s = baseline["median_step_seconds"]
     alone = json.loads((ROOT / RUN2 / "default-8b.json").read_text())["result"]
-    labels = [f"baseline: torch FSDP2, SDPA cuDNN, every block checkpointed, fused torch AdamW (ablation, "
-              f"{_measured(baseline)} measured steps)",
-              f"**optimized, the default `train.py`** (same process, {_measured(runs[DEFAULT])} measured "
-              "steps)",
-              f"the default `train.py` alone, cold caches ({_measured(alone)} measured steps)"]
-    rows = [_result_row(label, run, base_s) for label, run in zip(labels, (baseline, runs[DEFAULT], alone),
-                                                                  strict=True)]
-    cols = ["`leaderboard-8b`, 2 × H200", "median step", "× baseline", "TFLOP/s per GPU", "MFU",
-            "peak memory per GPU (allocated / reserved)"]
+    labels = [
+        f"baseline: torch FSDP2, SDPA cuDNN, every block checkpointed, fused torch AdamW (ablation, "
+        f"{_measured(baseline)} measured steps)",
+        f"**optimized, the default `train.py`** (same process, {_measured(runs[DEFAULT])} measured steps)",
+        f"the default `train.py` alone, cold caches ({_measured(alone)} measured steps)",
+    ]
+    rows = [
+        _result_row(label, run, base_s)
+        for label, run in zip(labels, (baseline, runs[DEFAULT], alone), strict=True)
+    ]
+    cols = [
+        "`leaderboard-8b`, 2 × H200",
+        "median step",
+        "× baseline",
+        "TFLOP/s per GPU",
+        "MFU",
+        "peak memory per GPU (allocated / reserved)",
+    ]
     return table(cols, rows)

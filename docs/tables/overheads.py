@@ -35,13 +35,29 @@ def overheads() -> str:
         for run in nvtx.index:
             n, t = nvtx.loc[run], timing.loc[run]
             wait = t["sync_wait_ms"]
-            rows.append([run, dtype, f"{num(n['ranges_on_ms'], 2)} / {num(n['ranges_off_ms'], 2)}", _cost(n),
-                         f"{num(t['per_step_synced_ms'], 2)} / {num(t['back_to_back_ms'], 2)}", _cost(t),
-                         "" if wait != wait else num(wait, 2),
-                         "" if wait != wait else f"{num(t['bound_pct'], 1 if t['bound_pct'] >= 1 else 2)}%"])
+            rows.append(
+                [
+                    run,
+                    dtype,
+                    f"{num(n['ranges_on_ms'], 2)} / {num(n['ranges_off_ms'], 2)}",
+                    _cost(n),
+                    f"{num(t['per_step_synced_ms'], 2)} / {num(t['back_to_back_ms'], 2)}",
+                    _cost(t),
+                    "" if wait != wait else num(wait, 2),
+                    "" if wait != wait else f"{num(t['bound_pct'], 1 if t['bound_pct'] >= 1 else 2)}%",
+                ]
+            )
         (pn, sn), (pt, st) = pooled(nvtx), pooled(timing)
         nvtx_cost, timing_cost = f"**{pn:+.2f}% ± {sn:.2f}%**", f"**{pt:+.2f}% ± {st:.2f}%**"
         rows.append(["**pooled**", dtype, "", nvtx_cost, "", timing_cost, "", ""])
-    cols = ["repeat", "dtype", "ranges on / off ms", "NVTX cost ± noise", "synced / back-to-back ms",
-            "timing cost ± noise", "wait ms", "bound on timing cost"]
+    cols = [
+        "repeat",
+        "dtype",
+        "ranges on / off ms",
+        "NVTX cost ± noise",
+        "synced / back-to-back ms",
+        "timing cost ± noise",
+        "wait ms",
+        "bound on timing cost",
+    ]
     return table(cols, rows, [False, False, True, False, True, False, True, True])

@@ -171,9 +171,17 @@ def allreduce_table() -> str:
     c = read_csv("docs/collectives.csv")
     c = c[(c["backend"] == "nccl") & (c["collective"] == "all_reduce")]
     c = c.sort_values(["processes", "size_bytes"])
-    rows = [[r["processes"], _size(r["size_mib"]), f"{_ms(r['median_ms'])} ms",
-             f"{_ms(r['p10_ms'])} – {_ms(r['p90_ms'])}", f"{_gbps(r['algbw_GBps'])} GB/s",
-             f"{_gbps(r['busbw_GBps'])} GB/s"] for _, r in c.iterrows()]
+    rows = [
+        [
+            r["processes"],
+            _size(r["size_mib"]),
+            f"{_ms(r['median_ms'])} ms",
+            f"{_ms(r['p10_ms'])} – {_ms(r['p90_ms'])}",
+            f"{_gbps(r['algbw_GBps'])} GB/s",
+            f"{_gbps(r['busbw_GBps'])} GB/s",
+        ]
+        for _, r in c.iterrows()
+    ]
     return table(["processes", "size", "median", "p10 – p90", "algbw", "busbw"], rows)
 
 
@@ -187,8 +195,11 @@ def gather_scatter_table() -> str:
     c = c[(c["backend"] == "nccl") & (c["collective"] != "all_reduce")]
     wide = c.pivot_table(index=["processes", "collective"], columns="size_mib", values="busbw_GBps")
     rows = [[p, coll.replace("_", "-"), *(_gbps(x) for x in r)] for (p, coll), r in wide.iterrows()]
-    return table(["processes", "collective", *(_size(m) for m in wide.columns)], rows,
-                 [True, False, *([True] * len(wide.columns))])
+    return table(
+        ["processes", "collective", *(_size(m) for m in wide.columns)],
+        rows,
+        [True, False, *([True] * len(wide.columns))],
+    )
 
 
 @block("fsdp.step")
@@ -197,8 +208,16 @@ def fsdp_step() -> str:
     rows = []
     for impl, label in (("ours", "`parallel.FSDP`"), ("fsdp2", "FSDP2 (`fully_shard`)")):
         r = f.loc[impl]
-        rows.append([label, num(r["step_ms"]), num(r["tflops_per_gpu"], 0), num(r["vs_fsdp2_time"], 2),
-                     num(r["peak_GiB"], 2), num(r["vs_fsdp2_memory"], 3)])
+        rows.append(
+            [
+                label,
+                num(r["step_ms"]),
+                num(r["tflops_per_gpu"], 0),
+                num(r["vs_fsdp2_time"], 2),
+                num(r["peak_GiB"], 2),
+                num(r["vs_fsdp2_memory"], 3),
+            ]
+        )
     cols = ["implementation", "step (ms)", "TFLOP/s per GPU", "vs FSDP2", "peak allocated (GiB)", "vs FSDP2"]
     return table(cols, rows)
 
@@ -210,24 +229,48 @@ def fsdp_gathers() -> str:
     for (rank, phase), d in g.groupby(["rank", "phase"], sort=False):
         late = d["late_ms"]
         early = int((late <= 0).sum())
-        rows.append([rank, phase, len(d), early, f"{late.median():+.2f}", f"{late.max():+.2f}",
-                     num(late.clip(lower=0).sum(), 2)])
-    cols = ["rank", "phase", "gathers", "finished before needed", "median late (ms)", "max late (ms)",
-            "total stall (ms)"]
+        rows.append(
+            [
+                rank,
+                phase,
+                len(d),
+                early,
+                f"{late.median():+.2f}",
+                f"{late.max():+.2f}",
+                num(late.clip(lower=0).sum(), 2),
+            ]
+        )
+    cols = [
+        "rank",
+        "phase",
+        "gathers",
+        "finished before needed",
+        "median late (ms)",
+        "max late (ms)",
+        "total stall (ms)",
+    ]
     return table(cols, rows, [True, False, True, True, True, True, True])
 
 
 def _variant(v: str, bucket_mb: float) -> str:
-    names = {"local": "local (no communication)", "ddp": "DDP (per-parameter overlap)", "naive": "naive DDP",
-             "flat": "flat DDP"}
+    names = {
+        "local": "local (no communication)",
+        "ddp": "DDP (per-parameter overlap)",
+        "naive": "naive DDP",
+        "flat": "flat DDP",
+    }
     if v in names:
         return names[v]
     return f"{'BucketedDDP' if v == 'bucketed' else 'torch DDP'} {num(bucket_mb, 0)} MiB"
 
 
 def _ddp_row(r: pd.Series) -> list[str]:
-    return [_variant(r["variant"], r["bucket_mb"]), num(r["step_ms"]),
-            f"{num(r['step_min_ms'])} – {num(r['step_max_ms'])}", num(r["sync_wait_ms"], 2)]
+    return [
+        _variant(r["variant"], r["bucket_mb"]),
+        num(r["step_ms"]),
+        f"{num(r['step_min_ms'])} – {num(r['step_max_ms'])}",
+        num(r["sync_wait_ms"], 2),
+    ]
 
 
 @block("ddp.bf16-runs")
@@ -236,10 +279,29 @@ def ddp_bf16_runs() -> str:
     for run, path in enumerate(DDP_BF16_RUNS[:3], start=1):
         for _, r in read_csv(path).iterrows():
             comm = r["comm_overhead_ms"]
-            rows.append([run, *_ddp_row(r), num(comm, 1), f"{num(100 * r['comm_share'])}%",
-                         num(r["vs_torch"], 3), num(r["tflops_per_gpu"], 0), num(r["peak_mem_GiB"])])
-    cols = ["run", "variant", "step (ms)", "min – max (ms)", "sync_wait (ms)", "comm overhead (ms)",
-            "share of step", "vs torch DDP", "TFLOP/s per GPU", "peak (GiB)"]
+            rows.append(
+                [
+                    run,
+                    *_ddp_row(r),
+                    num(comm, 1),
+                    f"{num(100 * r['comm_share'])}%",
+                    num(r["vs_torch"], 3),
+                    num(r["tflops_per_gpu"], 0),
+                    num(r["peak_mem_GiB"]),
+                ]
+            )
+    cols = [
+        "run",
+        "variant",
+        "step (ms)",
+        "min – max (ms)",
+        "sync_wait (ms)",
+        "comm overhead (ms)",
+        "share of step",
+        "vs torch DDP",
+        "TFLOP/s per GPU",
+        "peak (GiB)",
+    ]
     return table(cols, rows, [True, False, *([True] * 8)])
 
 
@@ -250,6 +312,14 @@ def ddp_100mib_fp32() -> str:
         for _, r in read_csv(path).iterrows():
             tflops = num(r["tflops_per_gpu"], 1 if label == "fp32" else 0)
             rows.append([label, *_ddp_row(r), num(r["vs_torch"], 3), tflops, num(r["peak_mem_GiB"])])
-    cols = ["precision", "variant", "step (ms)", "min – max (ms)", "sync_wait (ms)", "vs torch DDP",
-            "TFLOP/s per GPU", "peak (GiB)"]
+    cols = [
+        "precision",
+        "variant",
+        "step (ms)",
+        "min – max (ms)",
+        "sync_wait (ms)",
+        "vs torch DDP",
+        "TFLOP/s per GPU",
+        "peak (GiB)",
+    ]
     return table(cols, rows, [False, False, *([True] * 6)])

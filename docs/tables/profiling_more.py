@@ -10,15 +10,19 @@ DATA = "docs/data/"
 
 @block("profiling.warmup")
 def warmup() -> str:
-    rows = [[r["dtype"], r["warmup"], num(r["mean_ms"]), num(r["std_ms"]), num(r["max_ms"])]
-            for _, r in read_csv(DATA + "profiling-warmup.csv").iterrows()]
+    rows = [
+        [r["dtype"], r["warmup"], num(r["mean_ms"]), num(r["std_ms"]), num(r["max_ms"])]
+        for _, r in read_csv(DATA + "profiling-warmup.csv").iterrows()
+    ]
     return table(["dtype", "warm-up", "mean ms", "std ms", "max ms"], rows, [False, True, True, True, True])
 
 
 @block("profiling.accumulation")
 def accumulation() -> str:
-    rows = [[r["case"], f"{r['result']:.6f}", f"{r['abs_error']:.1e}"]
-            for _, r in read_csv(DATA + "profiling-precision-accumulation.csv").iterrows()]
+    rows = [
+        [r["case"], f"{r['result']:.6f}", f"{r['abs_error']:.1e}"]
+        for _, r in read_csv(DATA + "profiling-precision-accumulation.csv").iterrows()
+    ]
     return table(["case", "result", "error"], rows, [False, True, True])
 
 
@@ -37,8 +41,9 @@ def saved_top5() -> str:
     d = d[(d["dtype"] == "fp32") & (d["op"] != "(parameters)")]
     top = d.groupby(["op", "module"], as_index=False)[["MiB", "share_pct"]].sum()
     top = top.sort_values("MiB", ascending=False).head(5)
-    rows = [[f"{r['op']} ({r['module']})", num(r["MiB"], 0), f"{num(r['share_pct'])}%"]
-            for _, r in top.iterrows()]
+    rows = [
+        [f"{r['op']} ({r['module']})", num(r["MiB"], 0), f"{num(r['share_pct'])}%"] for _, r in top.iterrows()
+    ]
     return table(["operation (module)", "MiB", "share"], rows)
 
 
@@ -46,10 +51,12 @@ def saved_top5() -> str:
 def saved_summary() -> str:
     s = read_csv(DATA + "profiling-saved-xl-summary.csv").set_index("dtype")
     fp32, bf16 = s.loc["fp32"], s.loc["bf16"]
-    return (f"{num(fp32['saved_hooks_MiB'])} MiB in fp32 (hooks), {num(fp32['saved_graph_MiB'])} MiB "
-            f"(graph walk), expected {num(fp32['expected_fp32_MiB'])} MiB; bf16 autocast "
-            f"{num(bf16['saved_hooks_MiB'])} MiB; one block's gradients {num(fp32['grad_MiB'])} MiB "
-            f"(expected {num(fp32['expected_grad_MiB'])})")
+    return (
+        f"{num(fp32['saved_hooks_MiB'])} MiB in fp32 (hooks), {num(fp32['saved_graph_MiB'])} MiB "
+        f"(graph walk), expected {num(fp32['expected_fp32_MiB'])} MiB; bf16 autocast "
+        f"{num(bf16['saved_hooks_MiB'])} MiB; one block's gradients {num(fp32['grad_MiB'])} MiB "
+        f"(expected {num(fp32['expected_grad_MiB'])})"
+    )
 
 
 @block("profiling.checkpoint")
@@ -99,9 +106,28 @@ def compile_table() -> str:
             e, eager_note = medium.loc[False], " (run C)"
         ref = rb if rb["status"] == "ok" else rc
 
-        rows.append([*k, _ms(e) + eager_note, _ms(rb), _ms(rc), f"{_ratio(e, rb)} / {_ratio(e, rc)}",
-                     f"{num(e['tflops'], 0)} / {num(ref['tflops'], 0)}",
-                     f"{num(e['peak_gib'], 2)} / {num(ref['peak_gib'], 2)}", num(ref["wall_s"])])
-    cols = ["size", "mode", "dtype", "eager ms", "compiled ms, run B", "compiled ms, run C", "speed-up B / C",
-            "TFLOP/s eager / compiled", "peak GiB eager / compiled", "compiled cell wall s"]
+        rows.append(
+            [
+                *k,
+                _ms(e) + eager_note,
+                _ms(rb),
+                _ms(rc),
+                f"{_ratio(e, rb)} / {_ratio(e, rc)}",
+                f"{num(e['tflops'], 0)} / {num(ref['tflops'], 0)}",
+                f"{num(e['peak_gib'], 2)} / {num(ref['peak_gib'], 2)}",
+                num(ref["wall_s"]),
+            ]
+        )
+    cols = [
+        "size",
+        "mode",
+        "dtype",
+        "eager ms",
+        "compiled ms, run B",
+        "compiled ms, run C",
+        "speed-up B / C",
+        "TFLOP/s eager / compiled",
+        "peak GiB eager / compiled",
+        "compiled cell wall s",
+    ]
     return table(cols, rows, [False, False, False, True, True, True, True, True, True, True])
