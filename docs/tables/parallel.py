@@ -323,3 +323,42 @@ def ddp_100mib_fp32() -> str:
         "peak (GiB)",
     ]
     return table(cols, rows, [False, False, *([True] * 6)])
+
+
+def _sweep_rows(rows: pd.DataFrame) -> list[list[str]]:
+    out = []
+    for _, r in rows.iterrows():
+        comm = r["comm_overhead_ms"]
+        out.append(
+            [*_ddp_row(r), num(0 if comm != comm else comm, 1), num(r["vs_torch"], 3), num(r["peak_mem_GiB"])]
+        )
+    return out
+
+
+SWEEP_COLUMNS = [
+    "variant, bucket cap",
+    "step (ms)",
+    "min – max (ms)",
+    "sync_wait (ms)",
+    "comm overhead (ms)",
+    "vs torch DDP 25 MiB",
+    "peak (GiB)",
+]
+
+
+@block("ddp.sweep-current")
+def ddp_sweep_current() -> str:
+    """The fourth BF16 run: the local floor, BucketedDDP at every cap, torch DDP at 25 MiB."""
+    main = read_csv("docs/data/ddp-xl-bf16-2026-11-29e.csv")
+    sweep = read_csv("docs/data/ddp-xl-bf16-sweep-2026-11-29e.csv")
+    bucketed = sweep[sweep["variant"] == "bucketed"].sort_values("bucket_mb")
+    rows = pd.concat([main[main["variant"] == "local"], bucketed, main[main["variant"] == "torch"]])
+    return table(SWEEP_COLUMNS, _sweep_rows(rows))
+
+
+@block("ddp.sweep-previous")
+def ddp_sweep_previous() -> str:
+    """The earlier full run's sweep, previous bucketing."""
+    sweep = read_csv("docs/data/ddp-xl-bucket-sweep.csv")
+    bucketed = sweep[sweep["variant"] == "bucketed"].sort_values("bucket_mb")
+    return table(SWEEP_COLUMNS, _sweep_rows(pd.concat([bucketed, sweep[sweep["variant"] == "torch"]])))
