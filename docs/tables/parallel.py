@@ -362,3 +362,63 @@ def ddp_sweep_previous() -> str:
     sweep = read_csv("docs/data/ddp-xl-bucket-sweep.csv")
     bucketed = sweep[sweep["variant"] == "bucketed"].sort_values("bucket_mb")
     return table(SWEEP_COLUMNS, _sweep_rows(pd.concat([bucketed, sweep[sweep["variant"] == "torch"]])))
+
+
+def _vs_torch(path: str, variant: str) -> float | None:
+    d = read_csv(path)
+    d = d[d["variant"] == variant]
+    return None if d.empty else float(d.iloc[0]["vs_torch"])
+
+
+def _check(x: float | None, limit: float) -> str:
+    return "not run" if x is None else f"{x:.3f} {'✓' if x <= limit else '✗'}"
+
+
+@block("ddp.targets")
+def ddp_targets() -> str:
+    """Each target against the ratio of every run that measured it (BF16 runs 1-3 and the fourth run)."""
+    bf16 = [*DDP_BF16_RUNS[:3], DDP_BF16_RUNS[3]]
+    rows = []
+    for variant, label, limit in (
+        ("bucketed", "BucketedDDP ≤ 1.02× torch DDP", 1.02),
+        ("ddp", "DDP ≤ 1.10× torch DDP", 1.10),
+    ):
+        runs = [_vs_torch(p, variant) for p in bf16]
+        measured = [r for r in runs if r is not None]
+        per_run = " / ".join(_check(r, limit) for r in runs)
+        rows.append(
+            [
+                label,
+                _check(_vs_torch(DDP_FP32, variant), limit),
+                f"{per_run} (mean {sum(measured) / len(measured):.3f})",
+                _check(_vs_torch(DDP_100MIB, variant), limit),
+            ]
+        )
+    cols = ["target", "FP32", "BF16 autocast, 25 MiB, runs 1 / 2 / 3 / 4", "BF16, 100 MiB"]
+    return table(cols, rows)
+
+
+@block("ddp.large-fp32")
+def ddp_large_fp32() -> str:
+    d = read_csv("docs/figures/ddp-large-runs.csv")
+    d = d[d["precision"] == "fp32"]
+    rows = []
+    for _, r in d.iterrows():
+        name = (
+            _variant(r["variant"], r["bucket_mb"])
+            if r["variant"] != "torch-view"
+            else "torch DDP, bucket view"
+        )
+        rows.append(
+            [
+                name,
+                num(r["step_ms"]),
+                num(r["sync_wait_ms"], 2),
+                num(r["comm_overhead_ms"], 1),
+                f"{num(100 * r['comm_share'])}%",
+                num(r["vs_torch"], 3),
+            ]
+        )
+    return table(
+        ["large, fp32", "step (ms)", "sync_wait (ms)", "comm overhead (ms)", "share", "vs torch"], rows
+    )
