@@ -422,3 +422,20 @@ def ddp_large_fp32() -> str:
     return table(
         ["large, fp32", "step (ms)", "sync_wait (ms)", "comm overhead (ms)", "share", "vs torch"], rows
     )
+
+
+@block("collectives.gloo")
+def gloo_table() -> str:
+    c = read_csv("docs/collectives.csv")
+    c = c[c["backend"] == "gloo"].set_index(["processes", "collective", "size_mib"])
+    cells = [("all_reduce", 1.0), ("all_reduce", 10.0), ("all_gather", 10.0), ("reduce_scatter", 10.0)]
+    rows = []
+    for p in sorted({k[0] for k in c.index}):
+        row = [p]
+        for i, (coll, mib) in enumerate(cells):
+            r = c.loc[(p, coll, mib)]
+            unit = " GB/s busbw" if p == 2 and i == 0 else ""
+            row.append(f"{r['median_ms']:#.3g} ms ({r['busbw_GBps']:.2f}{unit})".replace(". ms", " ms"))
+        rows.append(row)
+    cols = ["processes", *(f"{coll.replace('_', '-')} {num(mib, 0)} MiB" for coll, mib in cells)]
+    return table(cols, rows)
