@@ -199,3 +199,53 @@ def fp32_sweep() -> str:
 
 def pd_read(path: str) -> pd.DataFrame:
     return pd.read_csv(ROOT / path)
+
+
+TUNE_FP32 = {
+    (128, "forward"): "docs/data/flashattn-tune-fp32-d128-2026-11-29c.csv",
+    (128, "dkdv"): "docs/data/flashattn-tune-fp32-d128-more-dkdv-2026-11-29c.csv",
+    (128, "dq"): "docs/data/flashattn-tune-fp32-d128-2026-11-29c.csv",
+    (64, "forward"): "docs/data/flashattn-tune-fp32-d64-2026-11-29c.csv",
+    (64, "dkdv"): "docs/data/flashattn-tune-fp32-d64-2026-11-29c.csv",
+    (64, "dq"): "docs/data/flashattn-tune-fp32-d64-2026-11-29c.csv",
+}
+KERNEL_NAMES = {"forward": "forward", "dkdv": "dK/dV", "dq": "dQ"}
+
+
+def _best(tune: pd.DataFrame, kernel: str, dot: str) -> pd.Series:
+    rows = tune[(tune["kernel"] == kernel) & (tune["fp32_dot"] == dot)].dropna(subset=["ms"])
+    return rows.loc[rows["ms"].idxmin()]
+
+
+def _tile(r: pd.Series) -> str:
+    return f"{r['block_m']} x {r['block_n']}, {r['num_warps']} w, {r['num_stages']} s"
+
+
+@block("flashattn.fp32-tiles")
+def fp32_tiles() -> str:
+    """Fastest IEEE and fastest tf32x3 candidate per kernel in the fp32 tuning runs."""
+    rows = []
+    for (d, kernel), path in TUNE_FP32.items():
+        tune = pd_read(path)
+        ieee, tf32 = _best(tune, kernel, "ieee"), _best(tune, kernel, "tf32x3")
+        rows.append(
+            [
+                d,
+                KERNEL_NAMES[kernel],
+                _tile(ieee),
+                f"{ieee['ms']:.2f}",
+                _tile(tf32),
+                f"{tf32['ms']:.2f}",
+                f"{ieee['ms'] / tf32['ms']:.1f}x",
+            ]
+        )
+    cols = [
+        "d",
+        "kernel",
+        "best IEEE tile",
+        "IEEE ms",
+        "best tf32x3 tile (the table's entry)",
+        "tf32x3 ms",
+        "IEEE / tf32x3",
+    ]
+    return table(cols, rows, [True, False, False, True, False, True, True])
