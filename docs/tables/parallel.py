@@ -103,41 +103,18 @@ def allreduce_1gib() -> str:
     )
 
 
-def stream_busy_ms(trace: str) -> tuple[float, dict[str, float]]:
-    """``(span ms, {stream: busy ms})`` of the GPU activities in a gzipped Chrome trace (overlaps merged)."""
-    import gzip
-    import json
+@block("fsdp.ours-busy")
+def ours_busy() -> str:
+    """Busy time of our FSDP's profiled step, as ``parallel.trace_plot`` counts it for the figure."""
+    from parallel.trace_plot import gpu_intervals, load_trace, summary
 
     from .fmt import ROOT
 
-    with gzip.open(ROOT / trace) as f:
-        events = json.load(f)["traceEvents"]
-    streams: dict[str, list[tuple[float, float, bool]]] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            streams.setdefault(f"{e['pid']}/{e['tid']}", []).append(
-                (e["ts"], e["ts"] + e["dur"], "nccl" in e["name"].lower())
-            )
-    start = min(a for v in streams.values() for a, _, _ in v)
-    end = max(b for v in streams.values() for _, b, _ in v)
-    busy = {}
-    for spans in streams.values():
-        total, reach, nccl = 0.0, float("-inf"), any(n for _, _, n in spans)
-        for a, b, _ in sorted(spans):
-            total += max(0.0, b - max(a, reach))
-            reach = max(reach, b)
-        busy["communication" if nccl else "compute"] = total / 1e3
-    return (end - start) / 1e3, busy
-
-
-@block("fsdp.ours-busy")
-def ours_busy() -> str:
-    span, busy = stream_busy_ms("docs/fsdp-trace-ours.json.gz")
-    compute, comm = num(busy["compute"], 0), num(busy["communication"], 0)
+    s = summary(gpu_intervals(load_trace(ROOT / "docs/fsdp-trace-ours.json.gz")))
     return (
-        f"{compute} ms of the {num(span, 0)} ms profiled span; the communication stream's NCCL "
-        f"kernels occupy {comm} ms, but that time includes gathers waiting (spinning) for their peer, "
-        "not only transfers"
+        f"{num(s['compute_ms'], 0)} ms of the {num(s['span_ms'], 0)} ms profiled span; NCCL kernels occupy "
+        f"{num(s['communication_ms'], 0)} ms, but that time includes gathers waiting (spinning) for their "
+        "peer, not only transfers"
     )
 
 
