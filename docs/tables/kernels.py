@@ -174,6 +174,19 @@ def _top3(kernels: pd.DataFrame, size: str, context: int, dtype: str, mode: str,
     )
 
 
+def _leader(kernels: pd.DataFrame, size: str, context: int, dtype: str) -> str:
+    """The kernel with most GPU time over forward and backward of the training step, and its share."""
+    k = kernels[
+        (kernels["size"] == size)
+        & (kernels["context"] == context)
+        & (kernels["dtype"] == dtype)
+        & (kernels["mode"] == "train")
+        & kernels["range"].isin(["forward", "backward"])
+    ]
+    per_kernel = k.groupby("kernel")["ms_per_step"].sum()
+    return f"`{short_kernel(per_kernel.idxmax())}` {pct(100 * per_kernel.max() / k['ms_per_step'].sum())}"
+
+
 @block("profiling.kernels-top3")
 def kernels_top3() -> str:
     kernels = kernel_rows()
@@ -187,10 +200,18 @@ def kernels_top3() -> str:
                 r["dtype"],
                 _top3(*args, "forward", "forward"),
                 _top3(*args, "train", "backward"),
+                _leader(*args),
             ]
         )
-    cols = ["size", "context", "dtype", "forward (forward-only step)", "backward"]
-    return table(cols, rows, [False, True, False, False, False])
+    cols = [
+        "size",
+        "context",
+        "dtype",
+        "forward (forward-only step)",
+        "backward",
+        "leader of forward + backward",
+    ]
+    return table(cols, rows, [False, True, False, False, False, False])
 
 
 @block("profiling.kernels-bf16-largest")
