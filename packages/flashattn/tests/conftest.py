@@ -1,4 +1,4 @@
-"""Makes the tests' helper modules (the independent attention oracle) importable under --import-mode=importlib."""
+"""Puts the tests' helper modules (the independent attention oracle) on the path (importlib import mode)."""
 
 import sys
 from pathlib import Path

@@ -46,11 +46,11 @@ CASES = [  # heads q/kv, seq_q, seq_k, head_dim, causal, window  (the PyTorch ti
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"h{c[0][0]}-{c[0][1]}-{c[1]}x{c[2]}-d{c[3]}-w{c[5]}")
 def test_dense_features_match_oracle(case, dtype):
     (hq, hkv), seq_q, seq_k, d, causal, window = case
-    q, k, v, do = (_randn(2, h, s, d, seed=i) for i, (h, s) in enumerate([(hq, seq_q), (hkv, seq_k), (hkv, seq_k),
-                                                                         (hq, seq_q)]))  # fmt: skip
+    sizes = [(hq, seq_q), (hkv, seq_k), (hkv, seq_k), (hq, seq_q)]
+    q, k, v, do = (_randn(2, h, s, d, seed=i) for i, (h, s) in enumerate(sizes))
     gold = _grads(lambda *t: attention(*t, causal, window), (q, k, v), do)
-    ours = _grads(lambda *t: FlashAttention2PyTorch.apply(*t, causal, window), [t.to(dtype) for t in (q, k, v)],
-                  do.to(dtype))  # fmt: skip
+    low = [t.to(dtype) for t in (q, k, v)]
+    ours = _grads(lambda *t: FlashAttention2PyTorch.apply(*t, causal, window), low, do.to(dtype))
     _close(ours, gold, dtype)
 
 
@@ -111,7 +111,7 @@ def test_dispatch_names_the_path_and_why():
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda q, k: FlashAttention2PyTorch.apply(q, q[:, :3], q[:, :3], False, None), r"k and v have 3 heads"),
+        (lambda q, k: FlashAttention2PyTorch.apply(q, q[:, :3], q[:, :3], False, None), "k and v have 3 h"),
         (lambda q, k: FlashAttention2PyTorch.apply(q[..., :12], k[..., :12], k[..., :12], False, None),
          r"multiples of 8 in \[16, 256\]"),
         (lambda q, k: FlashAttention2PyTorch.apply(q[..., :100], k[..., :100], k[..., :100], False, None),
