@@ -1,14 +1,14 @@
-"""Runs the Triton kernels' newer features under TRITON_INTERPRET=1 on the CPU and prints their errors as JSON.
+"""The Triton kernels' newer features under TRITON_INTERPRET=1 on the CPU; prints their errors as JSON.
 
-Executed in a subprocess by ``test_triton_features_interpret.py`` (the interpreter must be on before any Triton
-kernel is defined). Grouped-query attention, head dims 24 ... 256, windows narrower and wider than the pinned
-16 x 32 tiles, packed documents with empty ones and rows without keys, ``+inf`` keys, bitwise repeats.
+Executed in a subprocess by ``test_triton_features_interpret.py`` (the interpreter must be on before any
+Triton kernel is defined). Grouped-query attention, head dims 24 ... 256, windows narrower and wider than the
+pinned 16 x 32 tiles, packed documents with empty ones and rows without keys, ``+inf`` keys, bitwise repeats.
 """
 
 import json
 import sys
 
-import interpret_cases  # noqa: F401 (switches the interpreter on and patches it, before flashattn loads)
+import interpret_cases  # switches the interpreter on and patches it, before flashattn loads
 import torch
 from attention_oracle import attention, cu, packed, rel_err
 from flashattn import flash_attention_varlen, reference

@@ -16,8 +16,9 @@ BOUND = {"float32": 1e-5, "float16": 3e-3}  # ||ours - gold|| / max(||gold||, 1)
 @pytest.fixture(scope="module")
 def results() -> dict:
     path = os.pathsep.join([str(HERE.parent / "src"), str(HERE), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(HERE / "interpret_features.py")], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": path}, timeout=500)  # fmt: skip
+    command = [sys.executable, str(HERE / "interpret_features.py")]
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=500)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout)
 
