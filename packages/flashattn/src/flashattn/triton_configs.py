@@ -12,8 +12,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
-import torch
-
 SHARED_MEMORY_BYTES = 227 * 1024  # one Hopper thread block's opt-in maximum
 X3 = "tf32x3"
 
@@ -62,11 +60,11 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-def configs_for(head_dim: int, dtype: torch.dtype) -> KernelConfigs:
+def configs_for(head_dim: int, dtype) -> KernelConfigs:
     """The tile table's entry for ``head_dim`` and ``dtype``, or the one pinned by :func:`pinned_configs`."""
     if _pinned is not None:
         return _pinned
-    return _CONFIGS[(padded_head_dim(head_dim), dtype != torch.float32)]
+    return _CONFIGS[(padded_head_dim(head_dim), dtype.itemsize < 4)]  # fp16 / bf16, or fp32
 
 
 def table() -> dict[tuple[int, bool], KernelConfigs]:

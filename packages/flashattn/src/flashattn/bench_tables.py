@@ -1,15 +1,4 @@
-"""Attention latency: our Triton FlashAttention-2 against naive PyTorch and SDPA's flash and cuDNN backends.
-
-Two tables, each forward, backward and forward+backward latency (``triton.testing.do_bench`` median, ms) with
-TFLOP/s (``analysis.accounting.attention_flops``) and speed ratios measured in the same run:
-- ``sweep``: batch 1, one head, causal, seq 128 ... 65 536 (powers of two) x head dim 16 ... 128 x bf16, fp32;
-- ``multihead``: causal (1, 32 heads, S, 128) for S = 4096 ... 65 536 and (4, 16, 4096, 64), bf16.
-Cells that cannot run are marked, never fatal: ``OOM`` (out of memory, or naive attention whose score matrices
-would not fit by the analytic count), ``unsupported`` (SDPA's flash and cuDNN have no fp32 kernels).
-Ratios are ``other ms / ours ms``: above 1 means ours is faster.
-
-Usage: ``python -m flashattn.bench --out results/`` (``--quick`` for a small subset).
-"""
+"""The tables of ``python -m flashattn.bench`` (see :mod:`flashattn.bench` for what each holds)."""
 
 import argparse
 import math
@@ -120,69 +109,3 @@ def _plot(sweep: pd.DataFrame, out: Path) -> None:
     tmp.replace(out / "flashattn-bench.png")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--out", type=Path, default=Path("flashattn-bench"), help="folder for tables and plot"
-    )
-    parser.add_argument(
-        "--seqs", type=int, nargs="+", default=[2**i for i in range(7, 17)], help="sweep lengths"
-    )
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128], help="sweep head dims")
-    parser.add_argument(
-        "--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES), help="sweep dtypes"
-    )
-    parser.add_argument(
-        "--impls",
-        nargs="+",
-        default=list(IMPLEMENTATIONS),
-        choices=list(IMPLEMENTATIONS),
-        help="implementations to time (ours must be among them for the ratio columns)",
-    )
-    parser.add_argument(
-        "--warmup-ms", type=float, default=5.0, help="do_bench warm-up time per measurement (ms)"
-    )
-    parser.add_argument(
-        "--rep-ms", type=float, default=20.0, help="do_bench repetition time per measurement (ms)"
-    )
-    parser.add_argument("--skip-sweep", action="store_true", help="only the multi-head table")
-    parser.add_argument("--skip-multihead", action="store_true", help="only the single-head sweep")
-    parser.add_argument("--quick", action="store_true", help="sweep only seq <= 4096, d in {64, 128}")
-    parser.add_argument("--jobs", type=int, default=12, help="parallel processes compiling our kernels first")
-    args = parser.parse_args()
-    if args.quick:
-        args.seqs = [s for s in args.seqs if s <= 4096]
-        args.head_dims = [d for d in args.head_dims if d >= 64]
-
-    env = environment()
-    print(env, flush=True)
-    start = time.perf_counter()
-    dims = sorted({*args.head_dims, *(s[3] for s in MULTIHEAD_SHAPES)})
-    precompile([(d, t, True, None) for d, t in product(dims, args.dtypes)], args.jobs)
-    print(f"compiled our kernels in {time.perf_counter() - start:.1f} s", flush=True)
-    peak = matmul_tflops()
-    print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
-
-    def publish(name: str, table: pd.DataFrame) -> None:
-        write_table(table, args.out, name)
-        print(f"\n## {name} ({env['device']}, bf16 matmul {peak:.0f} TFLOP/s)\n")
-        print(table.to_markdown(index=False), flush=True)
-
-    if not args.skip_multihead:
-        multi = _run_grid(MULTIHEAD_SHAPES, ["bf16"], args.impls, args, "multihead")
-        table = with_ratios(multi, ["batch", "heads", "seq", "head_dim"])
-        table["ours % of matmul"] = (100 * table["ours TFLOP/s"] / peak).round(1)
-        publish("multihead", table)
-    if not args.skip_sweep:
-        shapes = [(1, 1, s, d) for s, d in product(args.seqs, args.head_dims)]
-        sweep = _run_grid(shapes, args.dtypes, args.impls, args, "sweep")
-        if "ours" in args.impls:
-            _plot(sweep, args.out)
-        publish("sweep", with_ratios(sweep, ["dtype", "seq", "head_dim"]))
-    print(f"\nbench finished in {time.perf_counter() - start:.0f} s")
-
-
-if __name__ == "__main__":
-    main()
