@@ -28,6 +28,7 @@ import triton
 from torch import Tensor
 
 from flashattn.inputs import Window, as_4d, check_qkv, right_bound
+from flashattn.interpret import check_interpreted
 from flashattn.triton_bwd import delta_kernel, dkdv_kernel, dq_kernel
 from flashattn.triton_configs import (
     X3,
@@ -217,6 +218,7 @@ class FlashAttention2Triton(torch.autograd.Function):
         reason = unsupported_reason(q)
         if reason:
             raise ValueError(reason)
+        check_interpreted(q)
         configs = configs_for(q.shape[-1], q.dtype)
         o, lse = launch_forward(as_4d(q), as_4d(k), as_4d(v), is_causal, configs.forward, window)
         o, lse = o.reshape(q.shape), lse.reshape(q.shape[:-1])
@@ -251,6 +253,7 @@ class FlashAttentionVarlenTriton(torch.autograd.Function):
         reason = unsupported_reason(q)
         if reason:
             raise ValueError(reason)
+        check_interpreted(q)
         configs = configs_for(q.shape[-1], q.dtype)
         varlen = Varlen(cu_q, cu_k, max_q, max_k)
         o, lse = launch_forward(q, k, v, is_causal, configs.forward, window, varlen)
