@@ -4,6 +4,7 @@ built element by element from the definition, softmax, one document at a time fo
 import math
 
 import torch
+from harness.testing import relative_error
 from torch import Tensor
 
 
@@ -46,6 +47,7 @@ def cu(lengths) -> Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
-def rel_err(x: Tensor, gold: Tensor, floor: float = 1.0) -> float:
-    """``||x - gold|| / max(||gold||, floor)``: relative, with an absolute floor where gold is tiny."""
-    return ((x.double() - gold).norm() / gold.norm().clamp_min(floor)).item()
+def rel_err(x: Tensor, gold: Tensor) -> float:
+    """Relative error with a floor of 0.1 per element: unit-variance inputs give outputs and gradients of
+    order 0.1-1, and a reference below that (the dQ of a single key is exactly 0) counts as zero."""
+    return relative_error(x, gold, floor=0.1)

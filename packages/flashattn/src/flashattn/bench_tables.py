@@ -1,6 +1,5 @@
 """The tables of ``python -m flashattn.bench`` (see :mod:`flashattn.bench` for what each holds)."""
 
-import argparse
 import math
 import time
 from itertools import product
@@ -9,8 +8,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from flashattn.bench_features import FEATURE_VARIANTS, feature_table
 from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, environment, matmul_tflops, time_passes, write_table
-from flashattn.precompile import precompile
+from flashattn.precompile import Variant, precompile
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 MULTIHEAD_SHAPES = [(1, 32, s, 128) for s in (4096, 16384, 32768, 65536)] + [(4, 16, 4096, 64)]
@@ -109,3 +109,35 @@ def _plot(sweep: pd.DataFrame, out: Path) -> None:
     tmp.replace(out / "flashattn-bench.png")
 
 
+def run(args) -> None:
+    """Measure and write the tables ``args.only`` names (arguments of :func:`flashattn.bench.parser`)."""
+    env = environment()
+    print(env, flush=True)
+    start = time.perf_counter()
+    dims = sorted({*args.head_dims, *(s[3] for s in MULTIHEAD_SHAPES)})
+    variants = [Variant(d, t, True) for d, t in product(dims, args.dtypes)]
+    variants += FEATURE_VARIANTS if "features" in args.only else []
+    precompile(variants, args.jobs)
+    print(f"compiled our kernels in {time.perf_counter() - start:.1f} s", flush=True)
+    peak = matmul_tflops()
+    print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
+
+    def publish(name: str, table: pd.DataFrame) -> None:
+        write_table(table, args.out, name)
+        print(f"\n## {name} ({env['device']}, bf16 matmul {peak:.0f} TFLOP/s)\n")
+        print(table.to_markdown(index=False), flush=True)
+
+    if "multihead" in args.only:
+        multi = _run_grid(MULTIHEAD_SHAPES, ["bf16"], args.impls, args, "multihead")
+        table = with_ratios(multi, ["batch", "heads", "seq", "head_dim"])
+        table["ours % of matmul"] = (100 * table["ours TFLOP/s"] / peak).round(1)
+        publish("multihead", table)
+    if "sweep" in args.only:
+        shapes = [(1, 1, s, d) for s, d in product(args.seqs, args.head_dims)]
+        sweep = _run_grid(shapes, args.dtypes, args.impls, args, "sweep")
+        if "ours" in args.impls:
+            _plot(sweep, args.out)
+        publish("sweep", with_ratios(sweep, ["dtype", "seq", "head_dim"]))
+    if "features" in args.only:
+        publish("features", feature_table(args))
+    print(f"\nbench finished in {time.perf_counter() - start:.0f} s")

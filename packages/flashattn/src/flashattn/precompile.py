@@ -31,12 +31,12 @@ class Variant(NamedTuple):
 def suite() -> list[Variant]:
     """Variants the GPU tests (test_gpu.py, test_gpu_features.py) and the feature benchmarks run."""
     dense = [Variant(d, t, c) for d, t, c in product((16, 32, 64, 128), DTYPE_NAMES, (True, False))]
-    features = [Variant(80, "bf16", True), Variant(96, "bf16", False), Variant(192, "bf16", True, window=(1, 0)),
-                Variant(256, "bf16", True), Variant(128, "bf16", False, window=(1, 1)),
+    features = [Variant(80, "bf16", True), Variant(96, "bf16", False), Variant(256, "bf16", True),
+                Variant(192, "bf16", True, window=(1, 0)), Variant(128, "bf16", False, window=(1, 1)),
                 Variant(128, "bf16", True, window=(1, 0)), Variant(256, "fp32", True),
                 Variant(80, "fp16", True, window=(1, 0)), Variant(128, "bf16", True, varlen=True),
                 Variant(128, "bf16", True, window=(1, 0), varlen=True),
-                Variant(128, "bf16", False, window=(1, 1), varlen=True), Variant(128, "fp32", True)]  # fmt: skip
+                Variant(128, "bf16", False, window=(1, 1), varlen=True)]  # fmt: skip
     return dense + features
 
 
@@ -44,7 +44,12 @@ def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
     import torch
 
     from flashattn.benchutil import DTYPES
-    from flashattn.triton_flash import FlashAttention2Triton, FlashAttentionVarlenTriton, configs_for, pinned_configs
+    from flashattn.triton_flash import (
+        FlashAttention2Triton,
+        FlashAttentionVarlenTriton,
+        configs_for,
+        pinned_configs,
+    )
 
     start = time.perf_counter()
     dtype = DTYPES[variant.dtype]
@@ -78,12 +83,18 @@ def precompile(variants: list, jobs: int) -> list[tuple[Variant, float, str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--head-dims", type=int, nargs="*", default=[16, 32, 64, 128], help="head dims to build")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--head-dims", type=int, nargs="*", default=[16, 32, 64, 128], help="head dims to build"
+    )
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=DTYPE_NAMES, help="dtypes")
     parser.add_argument("--causal", choices=["yes", "no", "both"], default="both",
                         help="build causal, non-causal or both kernels")  # fmt: skip
-    parser.add_argument("--suite", action="store_true", help="also the GPU tests' and feature benchmarks' variants")
+    parser.add_argument(
+        "--suite", action="store_true", help="also the GPU tests' and feature benchmarks' variants"
+    )
     parser.add_argument("--jobs", type=int, default=12, help="parallel compile processes")
     args = parser.parse_args()
     from flashattn.benchutil import require_cuda
@@ -95,7 +106,10 @@ def main() -> None:
     start = time.perf_counter()
     for v, seconds, status in precompile(variants, args.jobs):
         extra = f" window={v.window}" * (v.window is not None) + " packed" * v.varlen
-        print(f"precompile d={v.head_dim} {v.dtype} causal={v.causal}{extra}: {seconds:.1f} s {status}", flush=True)
+        print(
+            f"precompile d={v.head_dim} {v.dtype} causal={v.causal}{extra}: {seconds:.1f} s {status}",
+            flush=True,
+        )
     print(f"precompiled {len(variants)} variants in {time.perf_counter() - start:.1f} s")
 
 

@@ -1,0 +1,54 @@
+"""Attention latency: our Triton FlashAttention-2 against naive PyTorch and SDPA's flash and cuDNN backends.
+
+Three tables, each with forward, backward and forward+backward latency (``triton.testing.do_bench`` median,
+ms), TFLOP/s (``analysis.accounting.attention_flops``) and speed ratios measured in the same run:
+- ``multihead``: causal (1, 32 heads, S, 128) for S = 4096 ... 65 536 and (4, 16, 4096, 64), bf16;
+- ``sweep``: batch 1, one head, causal, seq 128 ... 65 536 (powers of two) x head dim 16 ... 128 x bf16, fp32;
+- ``features`` (:mod:`flashattn.bench_features`): grouped-query attention, head dim 256, packed documents and
+  a sliding window, each against its reference, with the target it is held to.
+Cells that cannot run are marked, never fatal: ``OOM`` (out of memory, or naive attention whose score matrices
+would not fit by the analytic count), ``unsupported`` (SDPA's flash and cuDNN have no fp32 kernels).
+Ratios are ``other ms / ours ms``: above 1 means ours is faster.
+
+Usage: ``python -m flashattn.bench --out results/`` (``--quick`` for a small subset, ``--only features``).
+"""
+
+import argparse
+from pathlib import Path
+
+IMPLEMENTATION_NAMES = ("ours", "naive", "sdpa_flash", "sdpa_cudnn")
+TABLES = ("multihead", "sweep", "features")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("flashattn-bench"), help="folder for tables and plot")
+    p.add_argument("--seqs", type=int, nargs="+", default=[2**i for i in range(7, 17)], help="sweep lengths")
+    p.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128], help="sweep head dims")
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"],
+                   help="sweep dtypes")  # fmt: skip
+    p.add_argument("--impls", nargs="+", default=list(IMPLEMENTATION_NAMES), choices=IMPLEMENTATION_NAMES,
+                   help="implementations to time (ours is needed for the ratio columns)")  # fmt: skip
+    p.add_argument("--warmup-ms", type=float, default=5.0, help="do_bench warm-up time per measurement (ms)")
+    p.add_argument("--rep-ms", type=float, default=20.0, help="do_bench repetition time per measurement (ms)")
+    p.add_argument("--only", nargs="+", choices=TABLES, default=list(TABLES), help="tables to measure")
+    p.add_argument("--quick", action="store_true", help="sweep only seq <= 4096, d in {64, 128}")
+    p.add_argument("--jobs", type=int, default=12, help="parallel processes compiling our kernels first")
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.quick:
+        args.seqs = [s for s in args.seqs if s <= 4096]
+        args.head_dims = [d for d in args.head_dims if d >= 64]
+    from flashattn.benchutil import require_cuda
+
+    require_cuda("flashattn.bench")
+    from flashattn.bench_tables import run
+
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
