@@ -65,3 +65,9 @@ def test_packed_batch_matches_documents_one_by_one_cpu():
 def test_packed_batch_matches_documents_one_by_one_triton():
     alone, packed = _packed_vs_one_by_one("cuda", torch.float32)  # tf32x3 dots: close to fp32
     _check(alone, packed, atol=2e-4, rtol=2e-3)
+
+
+def test_token_positions_of_the_wrong_length_are_refused():
+    model = _model("cpu", torch.float32)
+    with pytest.raises(ValueError, match="token_positions has shape"):
+        model(torch.zeros(1, 8, dtype=torch.long), torch.arange(7))

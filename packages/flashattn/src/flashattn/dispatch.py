@@ -3,6 +3,9 @@
 Paths are tried in the order of :data:`PATHS`; each names why it cannot take a call (``None``: it can). The
 tiled PyTorch version takes everything the input checks accept and ends the list. A CUDA call that ends up
 there warns once per reason (it is orders of magnitude slower); CPU calls have no faster path and do not warn.
+A faster path for some inputs (an sm90 kernel, say) goes first in :data:`PATHS` with a reason function that
+refuses what it does not cover (``window is not None``, ``varlen``, other head dims or dtypes), so those calls
+fall through to Triton.
 """
 
 import warnings
