@@ -74,7 +74,6 @@ def test_runs_under_torchrun(tmp_path):
 
     src = Path(__file__).resolve().parents[1] / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
-    env.pop("LEADERBOARD_ARGV", None)
     out = tmp_path / "result.json"
     command = [
         sys.executable,

@@ -10,6 +10,8 @@ device and materialized already sharded.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from cs336_basics import BasicsTransformerLM, build_model
@@ -18,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import choose_attention
 from .recipes import Recipe
-from .sharding import checkpoint_forward, fsdp2_accessors, materialize, shard_fsdp2
+from .sharding import clip_grad_norm, fsdp2_accessors, materialize, recomputed, shard_fsdp2
 from .trainer import Trainer
 
 
@@ -69,8 +71,8 @@ def build_baseline(
     with torch.device("meta"):
         lm = build_model(cfg, attention_fn=attention)
     root = ChunkedLossLM(lm, recipe.loss_chunk_tokens)
-    for block in lm.layers:
-        checkpoint_forward(block)
+    for i, block in enumerate(lm.layers):
+        lm.layers[i] = recomputed(block)
     shard_fsdp2(root, list(lm.layers), compute_dtype)
     materialize(root, device, recipe.seed)
     fused = device.type == "cuda"
@@ -95,4 +97,7 @@ def build_baseline(
         "loss": f"F.cross_entropy in checkpointed chunks of {recipe.loss_chunk_tokens} tokens",
         "compute_dtype": str(compute_dtype),
     }
-    return Trainer("baseline", root, forward_backward, optimizer_step, *fsdp2_accessors(root), info=info)
+    clip = functools.partial(clip_grad_norm, root)
+    return Trainer(
+        "baseline", root, optimizer, forward_backward, optimizer_step, clip, *fsdp2_accessors(root), info=info
+    )

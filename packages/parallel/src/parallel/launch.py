@@ -8,7 +8,8 @@
 - ``torchrun(fn, nproc_per_node, *args)`` runs the same kind of function through ``torch.distributed.run``'s
   launcher (``elastic_launch``, as ``torchrun --standalone``): the multi-process launcher for GPUs.
 - ``init_from_env()`` joins the group that ``torchrun`` describes (RANK, WORLD_SIZE, MASTER_ADDR, ...), so
-  the same rank code runs on one node or several.
+  the same rank code runs on one node or several; ``call_rank(fn, rank, world_size, args)`` runs it there
+  as the launchers above do (see Blame).
 
 Blame. When one rank dies (an exception, ``os._exit``, a signal), its peers soon fail too, inside a
 collective, with errors such as gloo's "Connection closed by peer". Such a peer waits ``PEER_GRACE_S``
@@ -127,7 +128,7 @@ def _picklable(fn: Callable[..., Any]) -> Callable[..., Any] | _FunctionByFile:
     return _FunctionByFile(fn.__module__, fn.__qualname__, code.co_filename)
 
 
-def _call(fn, rank: int, world_size: int, args: tuple) -> Any:
+def call_rank(fn, rank: int, world_size: int, args: tuple = ()) -> Any:
     """``fn(rank, world_size, *args)``; a rank that lost a peer waits before raising (see Blame)."""
     if isinstance(fn, _FunctionByFile):
         fn = fn.resolve()
@@ -152,7 +153,7 @@ def _spawned(rank, fn, world_size, backend, port, args, outcome_dir, timeout_s, 
         if backend == "gloo":
             torch.set_num_threads(num_threads)
         init_process_group(rank, world_size, backend, timeout_s)
-        outcome = ("ok", _call(fn, rank, world_size, args))
+        outcome = ("ok", call_rank(fn, rank, world_size, args))
     except BaseException:
         outcome = ("error", traceback.format_exc())
     finally:
@@ -243,7 +244,7 @@ def _collect(processes, outcome_dir: Path, timeout: float) -> list[Any]:
 def _elastic_entry(fn, args: tuple) -> Any:
     rank, world_size, _ = init_from_env()
     try:
-        return _call(fn, rank, world_size, args)
+        return call_rank(fn, rank, world_size, args)
     finally:
         dist.destroy_process_group()
 
