@@ -2,6 +2,7 @@
 (one rank in this process, through ``train.py``'s own entry point)."""
 
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -66,6 +67,13 @@ def test_resume_needs_an_earlier_checkpoint(tmp_path, token_files):
         TrainingRun.checked(token_files[0], None, tmp_path / "ckpt", True, tmp_path / "out", recipe)
     with pytest.raises(ValueError, match="already holds step-000004; add --resume"):
         TrainingRun.checked(token_files[0], None, tmp_path / "ckpt", False, tmp_path / "out", recipe)
+    with pytest.raises(
+        ValueError,
+        match=r"--save: sharded checkpoints \(parallel.checkpoint\) need sharding=ours, got 'fsdp2'",
+    ):
+        TrainingRun.checked(
+            token_files[0], None, tmp_path / "new", False, tmp_path / "out", recipe.with_(sharding="fsdp2")
+        )
 
 
 @pytest.mark.timeout(300)
@@ -88,3 +96,36 @@ def test_training_follows_the_schedule_and_learns(tmp_path, token_files, capsys)
     assert math.log(503) - 0.1 < history["train_loss"].iloc[0] < math.log(503) + 0.5
     assert (tmp_path / "loss.png").stat().st_size > 1000
     assert "evaluation loss" in capsys.readouterr().out
+
+
+def _history(folder):
+    return pd.read_csv(folder / "losses.csv")[["step", "lr", "train_loss", "grad_norm", "eval_loss"]]
+
+
+@pytest.mark.timeout(600)
+def test_resume_continues_bit_for_bit(tmp_path, token_files):
+    """A run of 6 steps saves at steps 3 and 6; resumed from step 3 (as a run stopped there would be), the
+    last 3 steps repeat the same losses, gradient norms and evaluation losses exactly."""
+    pytest.importorskip("parallel.checkpoint")
+    train, valid = token_files
+    argv = [
+        *SMALL,
+        "--set",
+        "sharding=ours",
+        "--data",
+        str(train),
+        "--valid",
+        str(valid),
+        "--steps",
+        "6",
+    ]
+    argv += ["--set", "learning_rate=0.01", "--set", "eval_every=2", "--set", "save_every=3", "--ranks", "1"]
+    argv += ["--save", str(tmp_path / "ckpt")]
+    assert cli.main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000003", "step-000006"]
+    shutil.rmtree(tmp_path / "ckpt" / "step-000006")
+    assert cli.main([*argv, "--resume", "--out", str(tmp_path / "resumed")]) == 0
+    assert (tmp_path / "ckpt" / "step-000006").is_dir()
+    whole, resumed = _history(tmp_path / "whole"), _history(tmp_path / "resumed")
+    assert whole["train_loss"].iloc[3] != whole["train_loss"].iloc[2]  # the steps differ from each other
+    pd.testing.assert_frame_equal(resumed, whole, check_exact=True)

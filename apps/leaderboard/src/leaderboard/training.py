@@ -79,6 +79,11 @@ class TrainingRun:
         check_tokens(data, "--data", cfg.vocab_size, cfg.context_length)
         if valid is not None:
             check_tokens(valid, "--valid", cfg.vocab_size, cfg.context_length)
+        if save is not None and recipe.sharding != "ours":
+            raise ValueError(
+                "--save: sharded checkpoints (parallel.checkpoint) need sharding=ours, "
+                f"got {recipe.sharding!r}"
+            )
         latest = latest_checkpoint(save)
         if resume:
             if latest is None:
