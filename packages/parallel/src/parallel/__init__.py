@@ -4,6 +4,7 @@ The library imports only torch; the benchmarks (``python -m parallel.bench_*``) 
 model of ``cs336_basics`` (the optional extra ``parallel[bench]``).
 """
 
+from parallel.checkpoint import load_sharded, save_sharded
 from parallel.ddp import DDP, BucketedDDP, FlatDDP, NaiveDDP, broadcast_module_state
 from parallel.fsdp import FSDP
 from parallel.launch import WorkerError, free_port, init_from_env, spawn
@@ -20,5 +21,7 @@ __all__ = [
     "broadcast_module_state",
     "free_port",
     "init_from_env",
+    "load_sharded",
+    "save_sharded",
     "spawn",
 ]
