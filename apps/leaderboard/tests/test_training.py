@@ -13,7 +13,7 @@ from leaderboard.recipes import get_recipe
 from leaderboard.tokens import write_tokens
 from leaderboard.training import TrainingRun, check_tokens
 
-SMALL = ["--preset", "tiny", "--set", "context_length=33", "--set", "batch_size=2", "--set", "sharding=fsdp2"]
+SMALL = ["--preset", "tiny", "--set", "context_length=33", "--set", "batch_size=2"]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_training_follows_the_schedule_and_learns(tmp_path, token_files, capsys)
     assert evaluated["eval_loss"].iloc[-1] < evaluated["eval_loss"].iloc[0] - 0.3
     assert history["train_loss"].iloc[-3:].mean() < history["train_loss"].iloc[:3].mean() - 0.3
     assert math.log(503) - 0.1 < history["train_loss"].iloc[0] < math.log(503) + 0.5
-    assert (tmp_path / "loss.png").stat().st_size > 1000
+    assert (tmp_path / "losses.png").stat().st_size > 1000
     assert "evaluation loss" in capsys.readouterr().out
 
 

@@ -24,15 +24,6 @@ from .sharding import clip_grad_norm, fsdp2_accessors, materialize, recomputed, 
 from .trainer import Trainer
 
 
-def hidden_states(lm: BasicsTransformerLM, tokens: Tensor) -> Tensor:
-    """``lm.hidden_states`` without its per-call input check (which synchronizes with the GPU)."""
-    x = lm.token_embeddings(tokens)
-    positions = torch.arange(tokens.shape[-1], device=tokens.device)
-    for layer in lm.layers:
-        x = layer(x, positions)
-    return lm.ln_final(x)
-
-
 class ChunkedLossLM(nn.Module):
     """``(tokens, targets) -> mean cross-entropy`` with the head and loss recomputed per token chunk."""
 
@@ -44,7 +35,7 @@ class ChunkedLossLM(nn.Module):
         return F.cross_entropy(self.lm.lm_head(hidden).float(), targets, reduction="sum")
 
     def forward(self, tokens: Tensor, targets: Tensor) -> Tensor:
-        hidden = hidden_states(self.lm, tokens).flatten(0, 1)
+        hidden = self.lm.hidden_states(tokens).flatten(0, 1)
         flat_targets = targets.flatten()
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], self.chunk_tokens):

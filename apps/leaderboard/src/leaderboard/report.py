@@ -4,37 +4,13 @@ through a temporary name and a rename."""
 
 from __future__ import annotations
 
-import json
-import sys
-import time
-from pathlib import Path
+import shlex
 
 import pandas as pd
-import torch
-from profiling.tables import atomic_write_text, write_table
+from harness.environment import environment
+from harness.results import new_figure, write_json, write_table
 
 from .job import Job
-
-
-def write_json(path: Path, payload: dict) -> None:
-    atomic_write_text(path, json.dumps(payload, indent=2, default=str))
-
-
-def environment(argv: tuple[str, ...]) -> dict:
-    import triton
-
-    cuda = torch.cuda.is_available()
-    return {
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": sys.version.split()[0],
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "command": " ".join(["train.py", *argv]),
-    }
 
 
 def ablation_table(runs: list[dict]) -> pd.DataFrame:
@@ -61,12 +37,7 @@ def ablation_table(runs: list[dict]) -> pd.DataFrame:
 
 def loss_curve(history: pd.DataFrame, title: str):
     """Training loss per step and evaluation loss where measured (nats per token) against the step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = new_figure(figsize=(7, 4))
     ax.plot(history["step"], history["train_loss"], lw=1, label="training loss (batch)")
     evaluated = history.dropna(subset=["eval_loss"])
     if len(evaluated):
@@ -80,16 +51,13 @@ def loss_curve(history: pd.DataFrame, title: str):
 
 
 def _report_training(result: dict, job: Job) -> None:
-    from profiling.tables import save_figure
-
     history = pd.DataFrame(result["history"])
     out = job.training.out
-    write_table(history, out / "losses")
     title = f"{job.recipe.name}: {result['world_size']} rank(s), {result['device']}"
-    save_figure(loss_curve(history, title), out / "loss.png")
+    write_table(history, out / "losses", figure=loss_curve(history, title))
     last = history.iloc[-1]
     evaluated = history.dropna(subset=["eval_loss"])
-    print(f"wrote {out / 'losses.csv'}, {out / 'losses.md'} and {out / 'loss.png'}")
+    print(f"wrote {out / 'losses.csv'}, {out / 'losses.md'} and {out / 'losses.png'}")
     if result.get("stopped_by_time_budget"):
         print(f"stopped after step {int(last['step'])} of {job.recipe.steps} by the time budget")
     first = history.iloc[0]
@@ -109,7 +77,7 @@ def _report_training(result: dict, job: Job) -> None:
 def report(result: dict, job: Job) -> int:
     """Print rank 0's result, write the files asked for; the exit status (1 when the check failed)."""
     payload = {
-        "environment": environment(job.argv),
+        "environment": environment(shlex.join(["train.py", *job.argv])),
         "resolved_recipe": job.recipe.as_dict(),
         "result": result,
     }
@@ -126,7 +94,7 @@ def report(result: dict, job: Job) -> int:
     if job.ablation:
         table = ablation_table(result["runs"])
         if job.json is not None:
-            write_table(table, job.json.with_suffix(""), floatfmt=".3f")
+            write_table(table, job.json.with_suffix(""), floatfmt=".3f")  # beside the JSON file
         print(table.to_markdown(index=False, floatfmt=".3f"))
         result = result["runs"][result["headline"]]
         if "error" in result:

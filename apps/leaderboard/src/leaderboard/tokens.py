@@ -23,7 +23,7 @@ def source_files(root: Path) -> list[Path]:
 def write_tokens(out: Path, root: Path, valid_fraction: float = 0.05, max_bytes: int | None = None) -> dict:
     """Write ``train.bin`` and ``valid.bin`` under ``out``; returns the description also saved as JSON."""
     import numpy as np
-    from profiling.tables import atomic_write_text
+    from harness.results import atomic_path, atomic_write_text
 
     files = source_files(root)
     if not files:
@@ -33,10 +33,8 @@ def write_tokens(out: Path, root: Path, valid_fraction: float = 0.05, max_bytes:
     sizes = {}
     for name, part in (("train", files[:cut]), ("valid", files[cut:])):
         data = b"".join(p.read_bytes() for p in part)[: max_bytes or None]
-        path = out / f"{name}.bin"
-        tmp = path.with_name(f".{path.name}.tmp")
-        np.frombuffer(data, dtype=np.uint8).astype(np.uint16).tofile(tmp)
-        tmp.replace(path)
+        with atomic_path(out / f"{name}.bin") as tmp:
+            np.frombuffer(data, dtype=np.uint8).astype(np.uint16).tofile(tmp)
         sizes[name] = {"files": len(part), "tokens": len(data), "first": str(part[0].relative_to(root))}
     description = {
         "source": f"UTF-8 bytes of the .py files of the Python {sys.version.split()[0]} standard library "
