@@ -103,7 +103,8 @@ def _history(folder):
 
 
 @pytest.mark.timeout(600)
-def test_resume_continues_bit_for_bit(tmp_path, token_files):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_resume_continues_bit_for_bit(tmp_path, token_files, ranks):
     """A run of 6 steps saves at steps 3 and 6; resumed from step 3 (as a run stopped there would be), the
     last 3 steps repeat the same losses, gradient norms and evaluation losses exactly."""
     pytest.importorskip("parallel.checkpoint")
@@ -119,7 +120,16 @@ def test_resume_continues_bit_for_bit(tmp_path, token_files):
         "--steps",
         "6",
     ]
-    argv += ["--set", "learning_rate=0.01", "--set", "eval_every=2", "--set", "save_every=3", "--ranks", "1"]
+    argv += [
+        "--set",
+        "learning_rate=0.01",
+        "--set",
+        "eval_every=2",
+        "--set",
+        "save_every=3",
+        "--ranks",
+        str(ranks),
+    ]
     argv += ["--save", str(tmp_path / "ckpt")]
     assert cli.main([*argv, "--out", str(tmp_path / "whole")]) == 0
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000003", "step-000006"]
