@@ -74,7 +74,6 @@ def test_runs_under_torchrun(tmp_path):
 
     src = Path(__file__).resolve().parents[1] / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
-    env.pop("LEADERBOARD_ARGV", None)
     out = tmp_path / "result.json"
     command = [
         sys.executable,
@@ -96,3 +95,31 @@ def test_runs_under_torchrun(tmp_path):
     assert "median step time:" in done.stdout
     result = json.loads(out.read_text())["result"]
     assert result["world_size"] == 2 and result["recipe"]["name"] == "tiny" and len(result["steps"]) == 1
+
+
+def _rank_one_killed(rank, world_size, job):
+    import os
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(3))
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_rank_is_named_by_the_launcher(monkeypatch):
+    """``train.py``'s CPU launch path reports the killed rank and its signal, not its peer's broken pipe."""
+    import time
+
+    from leaderboard import launching
+    from leaderboard.job import Job
+    from parallel.launch import WorkerError
+
+    monkeypatch.setattr(launching, "run_job", _rank_one_killed)
+    job = Job(get_recipe("tiny"), ranks=2, use_gpus=False, launch_time=time.time(), argv=(), timeout=60)
+    with pytest.raises(WorkerError, match=r"^rank 1 of 2 failed: killed by signal SIGKILL"):
+        launching.launch(job)

@@ -3,8 +3,11 @@
 import json
 
 import pytest
-from leaderboard.cli import default_recipe_name, parse_args, resolve_recipe, write_json
+from leaderboard import cli, launching
+from leaderboard.cli import parse_args
+from leaderboard.job import default_recipe_name, resolve_recipe
 from leaderboard.recipes import RECIPES, ablation_alternatives, ablation_steps, get_recipe
+from leaderboard.report import write_json
 
 GIB = 2**30
 
@@ -94,25 +97,42 @@ def test_write_json_replaces_atomically(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["result.json"]
 
 
-def test_relaunch_passes_arguments_outside_torchrun(monkeypatch):
-    """torchrun's own parser never sees our options (``--ranks`` would be taken for its ``--nproc...``)."""
-    import subprocess
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ranks", "0"], "argument --ranks: expected an integer >= 1, got 0"),
+        (["--steps", "0"], "argument --steps: expected an integer >= 1, got 0"),
+        (["--time-budget", "60"], "--time-budget needs --ablation or --data"),
+        (["--row-steps", "2"], "--row-steps needs --ablation"),
+        (["--check", "--ablation"], "--check and --ablation cannot be combined"),
+        (["--resume"], "--resume need --data"),
+        (["--data", "x.bin", "--resume"], "--resume needs --save DIR"),
+    ],
+)
+def test_option_errors_name_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_args(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
 
-    from leaderboard import cli
 
-    seen = {}
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--set", "steps=abc"], "--set steps: expected int, got 'abc'"),
+        (["--set", "learning_rate=fast"], "--set learning_rate: expected float, got 'fast'"),
+        (["--set", "batch_size=3"], "batch_size=3 must be a positive multiple of the number of ranks (2)"),
+        (["--set", "attention=fastest"], "attention must be one of"),
+        (["--set", "max_grad_norm=-1"], "max_grad_norm must be > 0, got -1.0"),
+        (["--data", "no/such/tokens.bin"], "--data no/such/tokens.bin: no such file"),
+    ],
+)
+def test_recipe_errors_come_before_any_process_starts(argv, message, monkeypatch, capsys):
+    def no_launch(job):
+        raise AssertionError("launched despite a bad argument")
 
-    def fake_run(command, env):
-        seen["command"], seen["argv"] = command, json.loads(env[cli.ARGV_ENV])
-        return subprocess.CompletedProcess(command, 0)
-
-    monkeypatch.setattr(cli.torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
-    assert cli.main(["--check", "--ranks", "2", "--set", "context_length=256"]) == 0
-    assert seen["command"][-2:] == ["-m", "leaderboard.cli"] and "--nproc-per-node=2" in seen["command"]
-    assert seen["argv"] == ["--check", "--ranks", "2", "--set", "context_length=256"]
-    monkeypatch.setenv(cli.ARGV_ENV, json.dumps(["--preset", "tiny", "--steps", "7"]))
-    assert cli.parse_args(json.loads(cli.os.environ[cli.ARGV_ENV])).steps == 7
+    monkeypatch.setattr(launching, "launch", no_launch)
+    assert cli.main(["--preset", "tiny", "--ranks", "2", *argv]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["leaderboard-8b", "large-8k"])

@@ -1,9 +1,12 @@
 import os
+import signal
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
-from parallel.launch import WorkerError, spawn
+import torch.distributed.checkpoint as dcp
+from parallel.launch import WorkerError, spawn, torchrun
 
 
 def _sum_ranks(rank, world_size, scale):
@@ -12,15 +15,35 @@ def _sum_ranks(rank, world_size, scale):
     return t.item()
 
 
-def _fail_on_rank_one(rank, world_size):
-    if rank == 1:
-        raise ValueError("boom from rank one")
+def _rank_one_dies(rank, world_size, how):
+    """Rank 1 dies ``how``; rank 0 then fails in the next collective (gloo: connection closed by peer)."""
     dist.barrier()
+    if rank == 1:
+        if how == "raise":
+            raise ValueError("boom from rank one")
+        if how == "exit":
+            os._exit(3)
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    dist.all_reduce(torch.ones(4))
+
+
+class _KillsWhenPickled:
+    def __reduce__(self):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _rank_one_killed_while_saving(rank, world_size, path):
+    state = {"weight": torch.full((97,), float(rank)), "extra": _KillsWhenPickled() if rank == 1 else 0}
+    dcp.save(state, checkpoint_id=path)
 
 
 def _hang(rank, world_size):
     if rank == 0:
-        dist.barrier()  # rank 1 never joins
+        dist.barrier()  # rank 1 does not join before the timeout
+    else:
+        time.sleep(60)
 
 
 def _env(rank, world_size):
@@ -37,13 +60,30 @@ def test_spawn_sets_rank_environment():
     assert spawn(_env, 2, timeout=60) == [(0, 2), (1, 2)]
 
 
-def test_worker_exception_carries_traceback():
-    with pytest.raises(WorkerError, match=r"(?s)rank 1 of 2 failed.*ValueError: boom from rank one"):
-        spawn(_fail_on_rank_one, 2, timeout=60)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("how", "cause"),
+    [
+        ("raise", r"exit code 1, after raising:(.|\n)*ValueError: boom from rank one"),
+        ("exit", "exit code 3, before returning a value"),
+        ("kill", "killed by signal SIGKILL, before returning a value"),
+    ],
+)
+def test_spawn_blames_the_rank_that_died(how, cause):
+    with pytest.raises(WorkerError, match="^rank 1 of 2 failed: " + cause) as failure:
+        spawn(_rank_one_dies, 2, how, timeout=40)
+    assert "rank 0" not in str(failure.value)
 
 
-def test_timeout_instead_of_hang():
-    with pytest.raises((TimeoutError, WorkerError)):
+@pytest.mark.timeout(60)
+def test_spawn_blames_the_rank_killed_during_a_save(tmp_path):
+    with pytest.raises(WorkerError, match=r"^rank 1 of 2 failed: killed by signal SIGKILL"):
+        spawn(_rank_one_killed_while_saving, 2, str(tmp_path / "ckpt"), timeout=40)
+
+
+@pytest.mark.timeout(30)
+def test_timeout_names_the_ranks_still_running():
+    with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] of 2 did not finish within 5 s"):
         spawn(_hang, 2, timeout=5)
 
 
@@ -58,6 +98,18 @@ def test_spawn_start_method_runs_functions_of_test_files():
 
 
 def test_single_worker_after_parent_used_threads():
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    (torch.randn(256, 256) @ torch.randn(256, 256)).sum()  # the parent's OpenMP pool is now live
-    assert spawn(_sum_ranks, 1, 2.0, timeout=60) == [2.0]
+    try:
+        (torch.randn(256, 256) @ torch.randn(256, 256)).sum()  # the parent's OpenMP pool is now live
+        assert spawn(_sum_ranks, 1, 2.0, timeout=60) == [2.0]
+    finally:
+        torch.set_num_threads(threads)  # later tests keep the thread count they were started with
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_returns_values_and_blames_the_rank_that_raised():
+    """Through torch.distributed.run's launcher, whose agent reports the first failure it sees."""
+    assert torchrun(_sum_ranks, 2, 1.0) == [3.0, 3.0]
+    with pytest.raises(WorkerError, match=r"^rank 1 of 2 failed: exit code 1(.|\n)*boom from rank one"):
+        torchrun(_rank_one_dies, 2, "raise")

@@ -10,6 +10,8 @@ device and materialized already sharded.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from cs336_basics import BasicsTransformerLM, build_model
@@ -18,17 +20,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import choose_attention
 from .recipes import Recipe
-from .sharding import checkpoint_forward, fsdp2_accessors, materialize, shard_fsdp2
+from .sharding import clip_grad_norm, fsdp2_accessors, materialize, recomputed, shard_fsdp2
 from .trainer import Trainer
-
-
-def hidden_states(lm: BasicsTransformerLM, tokens: Tensor) -> Tensor:
-    """``lm.hidden_states`` without its per-call input check (which synchronizes with the GPU)."""
-    x = lm.token_embeddings(tokens)
-    positions = torch.arange(tokens.shape[-1], device=tokens.device)
-    for layer in lm.layers:
-        x = layer(x, positions)
-    return lm.ln_final(x)
 
 
 class ChunkedLossLM(nn.Module):
@@ -42,7 +35,7 @@ class ChunkedLossLM(nn.Module):
         return F.cross_entropy(self.lm.lm_head(hidden).float(), targets, reduction="sum")
 
     def forward(self, tokens: Tensor, targets: Tensor) -> Tensor:
-        hidden = hidden_states(self.lm, tokens).flatten(0, 1)
+        hidden = self.lm.hidden_states(tokens).flatten(0, 1)
         flat_targets = targets.flatten()
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], self.chunk_tokens):
@@ -69,8 +62,8 @@ def build_baseline(
     with torch.device("meta"):
         lm = build_model(cfg, attention_fn=attention)
     root = ChunkedLossLM(lm, recipe.loss_chunk_tokens)
-    for block in lm.layers:
-        checkpoint_forward(block)
+    for i, block in enumerate(lm.layers):
+        lm.layers[i] = recomputed(block)
     shard_fsdp2(root, list(lm.layers), compute_dtype)
     materialize(root, device, recipe.seed)
     fused = device.type == "cuda"
@@ -95,4 +88,7 @@ def build_baseline(
         "loss": f"F.cross_entropy in checkpointed chunks of {recipe.loss_chunk_tokens} tokens",
         "compute_dtype": str(compute_dtype),
     }
-    return Trainer("baseline", root, forward_backward, optimizer_step, *fsdp2_accessors(root), info=info)
+    clip = functools.partial(clip_grad_norm, root)
+    return Trainer(
+        "baseline", root, optimizer, forward_backward, optimizer_step, clip, *fsdp2_accessors(root), info=info
+    )

@@ -30,7 +30,7 @@ from cs336_basics import ModelConfig, RotaryEmbedding, TransformerBlock
 from torch import nn
 
 from .metrics import GIB
-from .sharding import checkpoint_forward
+from .sharding import recomputed
 
 
 @dataclass(frozen=True)
@@ -39,12 +39,12 @@ class CheckpointPlan:
     ffn: int  # the next ``ffn`` blocks recompute their SwiGLU
     kept: int  # the rest keep their activations
 
-    def apply(self, layers: list[nn.Module]) -> None:
-        """Wrap the blocks' (or their SwiGLUs') forward in non-reentrant checkpoints, in tier order."""
-        for block in layers[: self.block]:
-            checkpoint_forward(block)
+    def apply(self, layers: nn.ModuleList) -> None:
+        """Put the first ``block`` blocks, then the next ``ffn`` blocks' SwiGLUs, in checkpoint wrappers."""
+        for i in range(self.block):
+            layers[i] = recomputed(layers[i])
         for block in layers[self.block : self.block + self.ffn]:
-            checkpoint_forward(block.ffn)
+            block.ffn = recomputed(block.ffn)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -123,7 +123,7 @@ def measure_block_memory(
     prepare(block)
     shape = (batch, cfg.context_length, cfg.d_model)
     kept = _saved_bytes(block, shape, dtype, device)
-    checkpoint_forward(block.ffn)
+    block.ffn = recomputed(block.ffn)
     ffn = _saved_bytes(block, shape, dtype, device)
     return kept, ffn
 

@@ -16,18 +16,20 @@ Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed orde
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from cs336_basics import BasicsTransformerLM, TransformerBlock, build_model
+import torch.distributed as dist
+from cs336_basics import BasicsTransformerLM, Linear, TransformerBlock, build_model
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 
 from .attention import choose_attention
-from .baseline import ChunkedLossLM, hidden_states
+from .baseline import ChunkedLossLM
 from .checkpoint_plan import CheckpointPlan, auto_plan
 from .fused_adamw import TritonAdamW
 from .fused_cross_entropy import linear_cross_entropy
 from .recipes import Recipe
-from .sharding import fsdp2_accessors, materialize, shard_fsdp2
+from .sharding import clip_grad_norm, fsdp2_accessors, fsdp2_shard_bytes, materialize, shard_fsdp2
 from .trainer import Trainer
 
 SHARDING_NAMES = {
@@ -36,13 +38,20 @@ SHARDING_NAMES = {
 }
 
 
-def fuse_head_with_loss(head: nn.Module, chunk_tokens: int) -> None:
-    """Make ``head(hidden, targets)`` return the fused LM head + mean cross-entropy.
+class LinearCrossEntropy(Linear):
+    """The LM head fused with the loss: ``(hidden (..., d), targets (...)) -> mean cross-entropy``.
 
-    Replaces the instance's ``forward`` only, so the head keeps its parameter, its name and any hooks a
-    sharding wrapper put on it (which gather its weight around the call).
+    Takes the place of the model's ``lm_head`` and its weight ``(vocab, d)``, so the parameter keeps its
+    name and a sharding wrapper treats it as the head's (gathering it around this module's call).
     """
-    head.forward = lambda hidden, targets: linear_cross_entropy(hidden, head.weight, targets, chunk_tokens)
+
+    def __init__(self, head: Linear, chunk_tokens: int):
+        nn.Module.__init__(self)  # adopt the head's weight instead of making one
+        self.d_in, self.d_out, self.weight = head.d_in, head.d_out, head.weight
+        self.chunk_tokens = chunk_tokens
+
+    def forward(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        return linear_cross_entropy(hidden, self.weight, targets, self.chunk_tokens)
 
 
 class FusedLossLM(nn.Module):
@@ -51,41 +60,33 @@ class FusedLossLM(nn.Module):
     def __init__(self, lm: BasicsTransformerLM, chunk_tokens: int):
         super().__init__()
         self.lm = lm
-        fuse_head_with_loss(lm.lm_head, chunk_tokens)
+        lm.lm_head = LinearCrossEntropy(lm.lm_head, chunk_tokens)
 
     def forward(self, tokens: Tensor, targets: Tensor) -> Tensor:
-        return self.lm.lm_head(hidden_states(self.lm, tokens), targets)
-
-
-def compile_forward(module: nn.Module) -> None:
-    """Replace ``module``'s forward with its ``torch.compile``d version (instance attribute).
-
-    Dynamo caches per code object, so every instance of a class shares one compiled graph; wrappers
-    applied later (checkpointing) wrap the compiled forward.
-    """
-    module.forward = torch.compile(module.forward)
+        return self.lm.lm_head(self.lm.hidden_states(tokens), targets)
 
 
 def compile_block_regions(block: TransformerBlock) -> None:
-    """Compile a block's two RMSNorms and its SwiGLU (the attention kernel and RoPE are compiled apart)."""
+    """Compile a block's two RMSNorms and its SwiGLU (``nn.Module.compile``; Dynamo caches per forward
+    code object, so every block shares the graphs; the attention kernel and RoPE are compiled apart)."""
     for module in (block.ln1, block.ln2, block.ffn):
-        compile_forward(module)
+        module.compile()
 
 
 def _prepare_probe(recipe: Recipe):
     def prepare(block: TransformerBlock) -> None:
         if recipe.compile_regions:
             compile_block_regions(block)
-            compile_forward(block.attn.rope)
+            block.attn.rope.compile()
 
     return prepare
 
 
 def checkpoint_plan(
-    recipe: Recipe, params: list[Tensor], attention, batch: int, device: torch.device, dtype: torch.dtype
+    recipe: Recipe, shard_bytes: int, attention, batch: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[CheckpointPlan, dict]:
     """The recipe's fixed number of fully recomputed blocks, or (``checkpoint_blocks == -1`` on CUDA) the
-    cheapest plan that fits the measured memory (the same on every rank)."""
+    cheapest plan that fits the measured memory with this rank's ``shard_bytes`` of fp32 parameters."""
     cfg = recipe.model_config()
     if recipe.checkpoint_blocks >= 0:
         block = min(recipe.checkpoint_blocks, cfg.num_layers)
@@ -94,15 +95,10 @@ def checkpoint_plan(
         return plan, {"checkpoint_rule": "fixed by recipe"}
     if device.type != "cuda":
         return CheckpointPlan(0, 0, cfg.num_layers), {"checkpoint_rule": "auto on a CPU: none"}
-    shard_bytes = sum(_local(p).numel() * 4 for p in params)
     plan, info = auto_plan(
         cfg, batch, attention, dtype, device, shard_bytes, recipe.memory_headroom_gib, _prepare_probe(recipe)
     )
     return plan, {"checkpoint_rule": "auto", **info}
-
-
-def _local(t: Tensor) -> Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def build_optimized(
@@ -124,8 +120,8 @@ def build_optimized(
     if recipe.compile_regions:
         for block in lm.layers:
             compile_block_regions(block)
-        compile_forward(lm.layers[0].attn.rope)  # one RotaryEmbedding shared by every block
-        compile_forward(lm.ln_final)
+        lm.layers[0].attn.rope.compile()  # one RotaryEmbedding shared by every block
+        lm.ln_final.compile()
     if recipe.sharding == "ours":
         from parallel import FSDP
 
@@ -137,18 +133,30 @@ def build_optimized(
             device=device,
         )
         params = [*model.flat_shards(), *model.replicated_parameters()]
+        plan, checkpoint_info = checkpoint_plan(
+            recipe, 4 * sum(p.numel() for p in params), attention, batch_per_rank, device, compute_dtype
+        )
+        plan.apply(lm.layers)  # around the FSDP units: a recomputed block gathers its weights again
         accessors = (
             lambda: {k.removeprefix("lm."): v for k, v in model.gather_full_params(device).items()},
             lambda: {k.removeprefix("lm."): v for k, v in model.gather_full_grads(device).items()},
             lambda state: model.load_state_dict({"lm." + k: v for k, v in state.items()}),
         )
         finish = model.finish_gradient_synchronization
+
+        def clip(max_norm: float) -> Tensor:  # the global norm over every shard and replicated parameter
+            return model.clip_grad_norm_(max_norm)
+
     else:
+        shard_bytes = fsdp2_shard_bytes(root, dist.get_world_size())
+        plan, checkpoint_info = checkpoint_plan(
+            recipe, shard_bytes, attention, batch_per_rank, device, compute_dtype
+        )
+        plan.apply(lm.layers)  # before sharding, so a recomputed block's wrapper is the FSDP2 unit
         shard_fsdp2(root, list(lm.layers), compute_dtype)
         materialize(root, device, recipe.seed)
         model, params, accessors, finish = root, list(root.parameters()), fsdp2_accessors(root), None
-    plan, checkpoint_info = checkpoint_plan(recipe, params, attention, batch_per_rank, device, compute_dtype)
-    plan.apply(list(lm.layers))
+        clip = functools.partial(clip_grad_norm, root)
 
     use_triton = recipe.optimizer == "triton" or (recipe.optimizer == "auto" and device.type == "cuda")
     optimizer_cls = TritonAdamW if use_triton else torch.optim.AdamW
@@ -177,4 +185,5 @@ def build_optimized(
         "optimizer": "Triton AdamW" if use_triton else f"torch.optim.AdamW(fused={extra['fused']})",
         "compute_dtype": str(compute_dtype),
     }
-    return Trainer("optimized", model, forward_backward, optimizer_step, *accessors, info=info)
+    steps = (forward_backward, optimizer_step, clip)
+    return Trainer("optimized", model, optimizer, *steps, *accessors, info=info)

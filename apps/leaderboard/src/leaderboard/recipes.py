@@ -14,9 +14,12 @@ Recipes:
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from cs336_basics import ModelConfig, get_preset
+if TYPE_CHECKING:  # imported when used, so that ``train.py --help`` answers before torch is loaded
+    from cs336_basics import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -47,9 +50,18 @@ class Recipe:
     optimizer: str = "auto"  # "auto" (Triton on CUDA, torch elsewhere), "triton", "torch"
     sharding: str = "ours"  # "ours" (parallel.FSDP, block-level flat units) or "fsdp2" (torch fully_shard)
     seed: int = 0
+    # training on a token file (train.py --data); the timing benchmark ignores these
+    min_learning_rate: float = 0.0  # the cosine schedule decays from learning_rate to this at ``steps``
+    lr_warmup_steps: int = 0  # linear warm-up before the cosine decay
+    max_grad_norm: float = 1.0  # gradients clipped to this global L2 norm
+    eval_every: int = 50  # steps between evaluations on the held-out file (and after the last step)
+    eval_batches: int = 4  # batches of batch_size sequences per evaluation
+    save_every: int = 0  # steps between sharded checkpoints (0: only after the last step)
 
     def model_config(self) -> ModelConfig:
         """The cs336_basics model config at this recipe's context length and batch."""
+        from cs336_basics import get_preset
+
         return get_preset(self.preset).with_(context_length=self.context_length, batch_size=self.batch_size)
 
     def with_(self, **changes) -> Recipe:
@@ -83,6 +95,19 @@ class Recipe:
             raise ValueError(f"optimizer must be one of {OPTIMIZER_CHOICES}, got {self.optimizer!r}")
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {self.attention!r}")
+        for name in ("lr_warmup_steps", "save_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("eval_every", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if not 0 <= self.min_learning_rate <= self.learning_rate:
+            raise ValueError(
+                f"min_learning_rate={self.min_learning_rate} must lie in "
+                f"[0, learning_rate={self.learning_rate}]"
+            )
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -118,6 +143,24 @@ RECIPES: dict[str, Recipe] = {
         compile_regions=False,
     ),
 }
+
+
+def parse_override(item: str) -> tuple[str, object]:
+    """``"FIELD=VALUE"`` -> ``(FIELD, VALUE converted to the field's type)``; ValueError naming the field."""
+    types = typing.get_type_hints(Recipe)  # the fields' types, resolved from their annotations
+    settable = sorted(set(types) - {"name"})
+    key, sep, text = item.partition("=")
+    if not sep or key not in settable:
+        raise ValueError(f"--set expects FIELD=VALUE with FIELD one of {settable}, got {item!r}")
+    kind = types[key]
+    if kind is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"--set {key}: expected true or false, got {text!r}")
+        return key, text.lower() in ("true", "1")
+    try:
+        return key, kind(text)
+    except ValueError:
+        raise ValueError(f"--set {key}: expected {kind.__name__}, got {text!r}") from None
 
 
 def get_recipe(name: str) -> Recipe:

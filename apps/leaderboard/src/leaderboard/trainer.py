@@ -1,8 +1,10 @@
 """What every training step offers the benchmark loop and the equivalence check.
 
-A ``Trainer`` holds a sharded model and its optimizer. ``forward_backward(tokens, targets)`` returns
-the local mean loss (gradients reduced across ranks when it returns); ``optimizer_step()`` updates
-the weights and clears the gradients. ``full_parameters()`` / ``full_gradients()`` gather them whole
+A ``Trainer`` holds a sharded model (``root``: what a sharded checkpoint saves) and its optimizer.
+``forward_backward(tokens, targets)`` returns the local mean loss (gradients reduced across ranks when it
+returns); ``clip_grad_norm(max_norm)`` scales the gradients to that global L2 norm and returns the norm
+before clipping; ``optimizer_step()`` updates the weights and clears the gradients.
+``full_parameters()`` / ``full_gradients()`` gather them whole
 (fp32, keyed by the reference model's parameter names; collectives: every rank calls them) and
 ``load_parameters(state)`` sets the weights from such a dict.
 """
@@ -20,8 +22,10 @@ from torch import Tensor, nn
 class Trainer:
     name: str
     root: nn.Module
+    optimizer: torch.optim.Optimizer
     forward_backward: Callable[[Tensor, Tensor], Tensor]
     optimizer_step: Callable[[], None]
+    clip_grad_norm: Callable[[float], Tensor]
     full_parameters: Callable[[], dict[str, Tensor]]
     full_gradients: Callable[[], dict[str, Tensor]]
     load_parameters: Callable[[dict[str, Tensor]], None]

@@ -25,13 +25,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _max_over_ranks(value: float, device: torch.device) -> float:
+def max_over_ranks(value: float, device: torch.device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
 
-def _mean_over_ranks(value: torch.Tensor) -> float:
+def mean_over_ranks(value: torch.Tensor) -> float:
     t = value.detach().double().reshape(1)
     dist.all_reduce(t)
     return float(t.item()) / dist.get_world_size()
@@ -89,10 +89,10 @@ def run_benchmark(
         start = time.perf_counter()
         loss = trainer.step(tokens, targets)
         synchronize(device)
-        seconds = _max_over_ranks(time.perf_counter() - start, device)
+        seconds = max_over_ranks(time.perf_counter() - start, device)
         peak = peak_memory_gib(device)
-        peak = _max_over_ranks(peak, device) if peak is not None else None
-        record = StepRecord(step, seconds, _mean_over_ranks(loss), peak, warmup=step <= recipe.warmup)
+        peak = max_over_ranks(peak, device) if peak is not None else None
+        record = StepRecord(step, seconds, mean_over_ranks(loss), peak, warmup=step <= recipe.warmup)
         records.append(record)
         say(format_step(record, total, throughput(cfg, per_rank, world_size, seconds, device)))
         if step == 1:
@@ -113,12 +113,12 @@ def run_benchmark(
         "peak_memory_gib_per_gpu": max((r.peak_memory_gib or 0.0) for r in records)
         if device.type == "cuda"
         else None,
-        "peak_reserved_gib_per_gpu": _max_over_ranks(torch.cuda.max_memory_reserved(device) / GIB, device)
+        "peak_reserved_gib_per_gpu": max_over_ranks(torch.cuda.max_memory_reserved(device) / GIB, device)
         if device.type == "cuda"
         else None,
         "allocated_gib_at_start": allocated_at_start,
         # cudaMalloc retries after freeing the cache: each synchronizes the device (a sign of memory pressure)
-        "allocator_retries": _max_over_ranks(
+        "allocator_retries": max_over_ranks(
             torch.cuda.memory_stats(device).get("num_alloc_retries", 0), device
         )
         if device.type == "cuda"
@@ -169,7 +169,7 @@ def run_ablation(
     for index in order:
         label, baseline, overrides = rows[index]
         late = time_budget is not None and time.time() - launch_time + shortest_row > time_budget
-        if _max_over_ranks(float(late), device):
+        if max_over_ranks(float(late), device):
             say(f"=== {label}: skipped (time budget of {time_budget:.0f} s)")
             runs[index] = {"label": label, "error": "skipped: time budget"}
             continue

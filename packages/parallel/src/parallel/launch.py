@@ -1,12 +1,21 @@
-"""Start N worker processes for a ``torch.distributed`` function, on one node or under torchrun.
+"""Starting ranks: what ``torch.multiprocessing`` and ``torch.distributed.run`` leave out.
 
-``spawn(fn, world_size, *args)`` runs ``fn(rank, world_size, *args)`` in ``world_size`` fresh
-processes joined in a process group (gloo on CPU, NCCL with one GPU each on CUDA) on a free
-port; it returns each rank's return value, re-raises a worker's exception with its traceback,
-and kills every worker after ``timeout`` seconds instead of hanging.
+- ``spawn(fn, world_size, *args)`` runs ``fn(rank, world_size, *args)`` in ``world_size`` processes of this
+  machine joined in a process group (gloo on CPU, NCCL with one GPU each) on a free port, and returns each
+  rank's return value: for tests and CPU runs. Unlike ``torch.multiprocessing.spawn`` it returns values,
+  stops every worker after ``timeout`` seconds instead of hanging, runs functions of test files under the
+  ``spawn`` start method, and blames the rank that failed first.
+- ``torchrun(fn, nproc_per_node, *args)`` runs the same kind of function through ``torch.distributed.run``'s
+  launcher (``elastic_launch``, as ``torchrun --standalone``): the multi-process launcher for GPUs.
+- ``init_from_env()`` joins the group that ``torchrun`` describes (RANK, WORLD_SIZE, MASTER_ADDR, ...), so
+  the same rank code runs on one node or several; ``call_rank(fn, rank, world_size, args)`` runs it there
+  as the launchers above do (see Blame).
 
-Under ``torchrun`` (RANK / WORLD_SIZE / MASTER_ADDR set), ``init_from_env()`` joins the group that
-torchrun describes, so the same worker code runs on one node or several.
+Blame. When one rank dies (an exception, ``os._exit``, a signal), its peers soon fail too, inside a
+collective, with errors such as gloo's "Connection closed by peer". Such a peer waits ``PEER_GRACE_S``
+seconds before it exits, so the launcher (ours, or torchrun's agent, which reports only the first failure
+it sees) sees the dead rank first. A failure is a ``WorkerError`` naming that rank, its exit code or
+signal, and its exception with traceback.
 """
 
 from __future__ import annotations
@@ -14,30 +23,30 @@ from __future__ import annotations
 import datetime
 import importlib
 import importlib.util
+import multiprocessing.connection
 import os
-import queue
-import socket
+import signal
 import sys
+import tempfile
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.elastic.utils.distributed import get_free_port as free_port
+
+PEER_GRACE_S = 3.0
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator")
 
 
 class WorkerError(RuntimeError):
-    """A worker raised; the message holds its rank and traceback."""
-
-
-def free_port() -> int:
-    """A TCP port that was free on localhost a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A rank failed; the message names it, its exit code or signal, and its exception with traceback."""
 
 
 def default_backend() -> str:
@@ -69,6 +78,20 @@ def init_from_env(backend: str | None = None) -> tuple[int, int, torch.device]:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = init_process_group(rank, world_size, backend or default_backend())
     return rank, world_size, device
+
+
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether ``error`` looks like the consequence of another rank dying (a broken collective)."""
+    text = str(error)
+    return isinstance(error, dist.DistNetworkError) or any(marker in text for marker in _PEER_LOST)
+
+
+def _exit_description(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        return f"killed by signal {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
 
 
 @dataclass(frozen=True)
@@ -105,7 +128,19 @@ def _picklable(fn: Callable[..., Any]) -> Callable[..., Any] | _FunctionByFile:
     return _FunctionByFile(fn.__module__, fn.__qualname__, code.co_filename)
 
 
-def _worker(fn, rank, world_size, backend, port, args, results, timeout_s, num_threads) -> None:
+def call_rank(fn, rank: int, world_size: int, args: tuple = ()) -> Any:
+    """``fn(rank, world_size, *args)``; a rank that lost a peer waits before raising (see Blame)."""
+    if isinstance(fn, _FunctionByFile):
+        fn = fn.resolve()
+    try:
+        return fn(rank, world_size, *args)
+    except BaseException as error:
+        if lost_a_peer(error):
+            time.sleep(PEER_GRACE_S)
+        raise
+
+
+def _spawned(rank, fn, world_size, backend, port, args, outcome_dir, timeout_s, num_threads) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -115,18 +150,26 @@ def _worker(fn, rank, world_size, backend, port, args, results, timeout_s, num_t
         LOCAL_WORLD_SIZE=str(world_size),
     )
     try:
-        if isinstance(fn, _FunctionByFile):
-            fn = fn.resolve()
         if backend == "gloo":
             torch.set_num_threads(num_threads)
         init_process_group(rank, world_size, backend, timeout_s)
-        value = fn(rank, world_size, *args)
-        results.put((rank, "ok", value))
+        outcome = ("ok", call_rank(fn, rank, world_size, args))
     except BaseException:
-        results.put((rank, "error", traceback.format_exc()))
+        outcome = ("error", traceback.format_exc())
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    path = Path(outcome_dir) / f"{rank}.pt"
+    torch.save(outcome, path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+    if outcome[0] == "error":
+        sys.exit(1)
+
+
+def _failure_message(rank: int, world_size: int, exitcode: int | None, error: str | None) -> str:
+    if error is None:
+        return f"rank {rank} of {world_size} failed: {_exit_description(exitcode)}, before returning a value"
+    return f"rank {rank} of {world_size} failed: {_exit_description(exitcode)}, after raising:\n{error}"
 
 
 def spawn(
@@ -141,7 +184,8 @@ def spawn(
 
     ``start_method`` defaults to ``fork`` for gloo (so test-local functions work) and ``spawn``
     for NCCL (CUDA cannot be forked); with ``spawn`` ``fn`` must be a module-level function (of an
-    importable module or of a file the child can load, such as a test file).
+    importable module or of a file the child can load, such as a test file). Raises ``WorkerError``
+    naming the first rank that failed, ``TimeoutError`` naming the ranks still running after ``timeout``.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -150,7 +194,6 @@ def spawn(
         found = torch.cuda.device_count()
         raise ValueError(f"NCCL with world_size={world_size} needs that many GPUs, found {found}")
     start_method = start_method or ("spawn" if backend == "nccl" else "fork")
-    ctx = mp.get_context(start_method)
     if start_method == "fork":
         # torch.optim imports torch._dynamo on the first step (seconds); once here, shared by every fork.
         importlib.import_module("torch._dynamo")
@@ -158,41 +201,84 @@ def spawn(
     # Workers sharing the cores must not each take them all (torchrun sets OMP_NUM_THREADS=1). A forked
     # child stays on one thread: growing an OpenMP pool the parent already used hangs after fork.
     num_threads = 1 if start_method == "fork" else max(1, (os.cpu_count() or 1) // world_size)
-    results = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(target, r, world_size, backend, port, args, results, timeout, num_threads),
-            daemon=True,
+    with tempfile.TemporaryDirectory(prefix="spawn-") as outcome_dir:
+        common = (target, world_size, backend, free_port(), args, outcome_dir, timeout, num_threads)
+        context = mp.start_processes(
+            _spawned, args=common, nprocs=world_size, join=False, daemon=True, start_method=start_method
         )
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
+        try:
+            return _collect(context.processes, Path(outcome_dir), timeout)
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
+
+
+def _collect(processes, outcome_dir: Path, timeout: float) -> list[Any]:
+    world_size = len(processes)
+    running = {p.sentinel: rank for rank, p in enumerate(processes)}
     values: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
-    try:
-        while len(values) < world_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = world_size - len(values)
-                raise TimeoutError(f"{missing} of {world_size} workers did not finish in {timeout:.0f} s")
-            try:
-                rank, status, value = results.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
-                if dead:
-                    code = procs[dead[0]].exitcode
-                    raise WorkerError(f"worker {dead[0]} died with exit code {code}") from None
-                continue
-            if status == "error":
-                raise WorkerError(f"rank {rank} of {world_size} failed:\n{value}")
-            values[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=5 if len(values) == world_size else 0.1)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    while running:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            ranks = sorted(running.values())
+            raise TimeoutError(f"ranks {ranks} of {world_size} did not finish within {timeout:g} s")
+        failures = []
+        for sentinel in multiprocessing.connection.wait(list(running), timeout=remaining):
+            rank = running.pop(sentinel)
+            processes[rank].join()
+            path = outcome_dir / f"{rank}.pt"
+            status, value = torch.load(path, weights_only=False) if path.exists() else ("died", None)
+            if status == "ok" and processes[rank].exitcode == 0:
+                values[rank] = value
+            else:
+                failures.append((rank, value if status == "error" else None))
+        if failures:  # seen at the same moment: a rank that lost a peer is the least likely cause
+            rank, error = min(failures, key=lambda f: f[1] is not None and any(m in f[1] for m in _PEER_LOST))
+            raise WorkerError(_failure_message(rank, world_size, processes[rank].exitcode, error))
     return [values[r] for r in range(world_size)]
+
+
+def _elastic_entry(fn, args: tuple) -> Any:
+    rank, world_size, _ = init_from_env()
+    try:
+        return call_rank(fn, rank, world_size, args)
+    finally:
+        dist.destroy_process_group()
+
+
+def torchrun(fn: Callable[..., Any], nproc_per_node: int, *args: Any, monitor_interval: float = 0.1) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``nproc_per_node`` processes of this node through
+    ``torch.distributed.run``'s launcher (as ``torchrun --standalone``); return values by rank.
+
+    Each process joins the default group (NCCL with one GPU each where CUDA is present, gloo otherwise)
+    before calling ``fn``; with CUDA the processes are started fresh (``spawn``), so ``fn`` must then be
+    a module-level function; on a CPU they are forked. Raises ``WorkerError``
+    naming the failed rank, its exit code or signal and its exception.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc_per_node,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=0,
+        monitor_interval=monitor_interval,
+        start_method="spawn" if torch.cuda.is_available() else "fork",  # CUDA cannot be forked
+    )
+    try:
+        values = elastic_launch(config, _elastic_entry)(_picklable(fn), args)
+    except ChildFailedError as error:
+        rank, failure = error.get_first_failure()
+        message = failure.message  # a dict where the rank recorded an exception, else a generic line
+        raised = message.get("extraInfo", {}).get("py_callstack") if isinstance(message, dict) else None
+        raise WorkerError(_failure_message(rank, nproc_per_node, failure.exitcode, raised)) from None
+    return [values[r] for r in range(nproc_per_node)]
