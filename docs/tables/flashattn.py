@@ -25,8 +25,8 @@ def logged_rates() -> dict[str, int]:
 def matmul_logs() -> str:
     rates = logged_rates()
     return (
-        f"{min(rates.values())} to {max(rates.values())} TFLOP/s in the {len(rates)} benchmark logs of "
-        f"2026-11-29 that printed it (`data/flashattn-*.log`)"
+        f"{min(rates.values())} to {max(rates.values())} TFLOP/s in the {len(rates)} attention benchmark logs "
+        f"that printed it (`data/flashattn-*.log`)"
     )
 
 
