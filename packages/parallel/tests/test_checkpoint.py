@@ -35,7 +35,7 @@ def _build(kind, lm, seed):
         model = FSDP(lm[0](seed=seed))
         return model, torch.optim.AdamW(model.parameters(), **ADAMW)
     model = BucketedDDP(lm[0](seed=seed), bucket_size_mb=1e-4)
-    return model, ShardedOptimizer(model.parameters(), torch.optim.AdamW, **ADAMW)
+    return model, ShardedOptimizer(model.parameters(), torch.optim.AdamW, mode="broadcast", **ADAMW)
 
 
 def _full(model):
