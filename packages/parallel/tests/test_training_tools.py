@@ -94,8 +94,9 @@ def test_clip_grad_norm_equals_torch_on_the_unsharded_model(lm, world_size, norm
             for key, value in grads.items():
                 torch.testing.assert_close(torch.from_numpy(value), expected[key], **tol,
                                            msg=f"{name}: {key}")
-            # the DDP family: gradients equal on every rank, no message; ZeRO-1: the step's own reduction
-            calls = {"fsdp": {"all_reduce": 1}, "zero": {"all_reduce": 1, "reduce_scatter_tensor": 1}}
+            # the DDP family: gradients equal on every rank, no message; ZeRO-1 also runs the step's own
+            # reduce-scatter (on gloo a ring of send/recv, not counted here)
+            calls = {"fsdp": {"all_reduce": 1}, "zero": {"all_reduce": 1}}
             assert counts == calls.get(name, {}), name
 
 
