@@ -1,10 +1,10 @@
 """Collective benchmarks, data-parallel wrappers, optimizer-state sharding and FSDP on torch.distributed.
 
 The library imports only torch; the benchmarks (``python -m parallel.bench_*``) also build the reference
-model of ``cs336_basics`` (the optional extra ``parallel[bench]``).
+model of ``cs336_basics`` (the optional extra ``parallel[bench]``). ``save_sharded`` / ``load_sharded``
+(``parallel.checkpoint``) are imported on first use: ``torch.distributed.checkpoint`` takes seconds to import.
 """
 
-from parallel.checkpoint import load_sharded, save_sharded
 from parallel.ddp import DDP, BucketedDDP, FlatDDP, NaiveDDP, broadcast_module_state
 from parallel.fsdp import FSDP
 from parallel.launch import WorkerError, free_port, init_from_env, spawn
@@ -25,3 +25,11 @@ __all__ = [
     "save_sharded",
     "spawn",
 ]
+
+
+def __getattr__(name: str):
+    if name in ("save_sharded", "load_sharded"):
+        from parallel import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'parallel' has no attribute {name!r}")
