@@ -80,7 +80,7 @@ def _drop_page_cache() -> bool:
         return False
 
 
-def _worker(rank: int, world_size: int, preset: str, folder: Path, threads: int) -> dict:
+def _worker(rank: int, world_size: int, preset: str, folder: Path, threads: int, drop_cache: bool) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -113,12 +113,15 @@ def _worker(rank: int, world_size: int, preset: str, folder: Path, threads: int)
         save_s = time.perf_counter() - start
     gpu_rise = torch.cuda.max_memory_allocated() - gpu_before if cuda else 0
     files = sum(f.stat().st_size for f in folder.iterdir())
-    if rank == 0:
-        print(f"  saved {files / GIB:.2f} GiB in {save_s:.1f} s; loading", flush=True)
+    if rank == 0:  # printed now, so that a run stopped while loading still reports the save
+        rss_rise = (rss.peak - rss_before) / 2**20
+        print(f"  saved {files / GIB:.2f} GiB in {save_s:.1f} s ({files / save_s / 1e9:.2f} GB/s); while "
+              f"saving GPU memory rose {gpu_rise / 2**20:.0f} MiB, the resident set {rss_rise:.0f} MiB (one "
+              f"unit: {unit_bytes / 2**20:.0f} MiB); loading", flush=True)
     del model, optimizer
     if cuda:
         torch.cuda.empty_cache()
-    dropped = _drop_page_cache() if rank == 0 else False
+    dropped = _drop_page_cache() if drop_cache and rank == 0 else False
     model, optimizer = _build(preset, device)
     dist.barrier()
     start = time.perf_counter()
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--dir", type=Path, default=Path("/tmp/parallel-checkpoint"),
                         help="checkpoint folder (removed at the end)")
     parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the table")
+    parser.add_argument("--drop-page-cache", action="store_true",
+                        help="empty the machine's page cache before loading (root)")
     parser.add_argument("--timeout", type=float, default=500, help="seconds before the workers are stopped")
     args = parser.parse_args(argv)
 
@@ -157,8 +162,8 @@ def main(argv: list[str] | None = None):
         raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")
     backend = "nccl" if args.device == "cuda" else "gloo"
     try:
-        rows = spawn(_worker, args.world_size, args.preset, args.dir, args.threads, backend=backend,
-                     timeout=args.timeout)
+        rows = spawn(_worker, args.world_size, args.preset, args.dir, args.threads, args.drop_page_cache,
+                     backend=backend, timeout=args.timeout)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     df = pd.DataFrame(rows)

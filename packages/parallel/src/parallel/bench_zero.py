@@ -5,7 +5,8 @@
 Each rank builds the preset in fp32 (``cs336_basics``, SDPA attention), wraps it in torch's
 ``DistributedDataParallel(gradient_as_bucket_view=True)`` (so gradients live in its buckets, one copy) and
 trains with ``torch.optim.AdamW`` either plainly (``unsharded``) or through ``parallel.ShardedOptimizer``
-(``zero1``), on a fixed random batch of ``--batch-size`` sequences of the preset's context per GPU.
+(``zero1``, ``mode="broadcast"``: DDP averages the gradients), on a fixed random batch of ``--batch-size``
+sequences of the preset's context per GPU. (``python -m parallel.bench_zero_modes`` compares the two modes.)
 
 Memory (``torch.cuda`` allocator, per rank, GiB): allocated after model creation; allocated and peak just
 before the optimizer step (after backward) and just after it, in the last timed step; and the bytes of
@@ -76,7 +77,7 @@ def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> di
                                                     gradient_as_bucket_view=True)
     after_model = torch.cuda.memory_allocated() - base
     if mode == "zero1":
-        optimizer = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-5)
+        optimizer = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, mode="broadcast", lr=1e-5)
     else:
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-5)
     x, y = random_batch(config, batch, device)
