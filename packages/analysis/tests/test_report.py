@@ -65,3 +65,11 @@ def test_bad_arguments_are_refused():
         report.parse_args(["--max-ring", "1"])
     with pytest.raises(SystemExit):
         report.parse_args(["--bandwidth-gbps", "-3"])
+
+
+def test_default_output_is_a_results_folder_and_the_tracked_table_found_from_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = report.parse_args([])
+    assert args.out == report.Path("results/analysis.md")  # relative to where it runs: never ./docs/
+    assert args.collectives_csv == report.REPOSITORY_COLLECTIVES
+    assert (report.REPOSITORY_COLLECTIVES.parent.parent / "packages" / "analysis").is_dir()

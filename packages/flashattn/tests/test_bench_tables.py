@@ -6,7 +6,8 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from flashattn import bench, bench_pytorch_attention
+from flashattn import bench, bench_features, bench_pytorch_attention, benchutil
+from flashattn import bench_tables as tables
 
 
 @pytest.fixture
@@ -14,21 +15,22 @@ def fake_gpu(monkeypatch):
     """Timings that grow with the work, SDPA refusing fp32 like the real kernels, and 30 GiB free."""
 
     def fake_time_passes(fn, q, k, v, causal, warmup_ms, rep_ms):
-        if fn is bench.IMPLEMENTATIONS["sdpa_flash"] and q.dtype == torch.float32:
+        if fn is tables.IMPLEMENTATIONS["sdpa_flash"] and q.dtype == torch.float32:
             raise RuntimeError("No available kernel. Aborting execution.")
         base = q.shape[0] * q.shape[1] * q.shape[2] ** 2 * q.shape[3] * 1e-9
         slow = {"ours": 1.0, "naive": 4.0, "sdpa_flash": 1.5, "sdpa_cudnn": 0.8}[
-            next(n for n, f in bench.IMPLEMENTATIONS.items() if f is fn)
+            next(n for n, f in tables.IMPLEMENTATIONS.items() if f is fn)
         ]
         return {"fwd": base * slow, "bwd": 2.5 * base * slow, "fwd+bwd": 3.5 * base * slow}
 
-    monkeypatch.setattr(bench, "time_passes", fake_time_passes)
-    monkeypatch.setattr(bench, "precompile", lambda variants, jobs: [])
-    monkeypatch.setattr(bench, "matmul_tflops", lambda: 795.0)
-    monkeypatch.setattr(bench, "MULTIHEAD_SHAPES", [(1, 4, 512, 64)])
+    monkeypatch.setattr(tables, "time_passes", fake_time_passes)
+    monkeypatch.setattr(tables, "precompile", lambda variants, jobs: [])
+    monkeypatch.setattr(tables, "matmul_tflops", lambda: 795.0)
+    monkeypatch.setattr(tables, "MULTIHEAD_SHAPES", [(1, 4, 512, 64)])
+    monkeypatch.setattr(benchutil, "require_cuda", lambda command: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (30 * 2**30, 141 * 2**30))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(bench.torch, "randn", lambda *shape, **kw: torch.empty(*shape, dtype=kw["dtype"]))
+    monkeypatch.setattr(tables.torch, "randn", lambda *shape, **kw: torch.empty(*shape, dtype=kw["dtype"]))
 
 
 def test_bench_writes_ratio_tables_and_marks_cells(fake_gpu, tmp_path, monkeypatch):
@@ -45,6 +47,9 @@ def test_bench_writes_ratio_tables_and_marks_cells(fake_gpu, tmp_path, monkeypat
         "--dtypes",
         "bf16",
         "fp32",
+        "--only",
+        "multihead",
+        "sweep",
     ]
     monkeypatch.setattr(sys, "argv", argv)
     bench.main()
@@ -69,7 +74,28 @@ def test_bench_writes_ratio_tables_and_marks_cells(fake_gpu, tmp_path, monkeypat
 
 
 def test_naive_memory_count_is_quadratic():
-    one = bench.naive_bytes(1, 1, 1024, torch.bfloat16)
-    assert bench.naive_bytes(1, 1, 2048, torch.bfloat16) == 4 * one
-    assert bench.naive_bytes(2, 3, 1024, torch.bfloat16) == 6 * one
+    one = tables.naive_bytes(1, 1, 1024, torch.bfloat16)
+    assert tables.naive_bytes(1, 1, 2048, torch.bfloat16) == 4 * one
+    assert tables.naive_bytes(2, 3, 1024, torch.bfloat16) == 6 * one
     assert bench_pytorch_attention.SAVED_SCORE_TENSORS == 1
+
+
+def test_feature_table_ratios_and_targets(monkeypatch):
+    pytest.importorskip("analysis", reason="the benchmark counts FLOPs with the optional analysis package")
+    times = {"ours gqa 32/8": 10.0, "ours mha 32/32": 10.0, "sdpa_cudnn expanded 32/32": 9.0,
+             "sdpa_flash expanded 32/32": 12.0, "ours d256 16 heads": 12.0, "sdpa_flash d256 16 heads": 11.0,
+             "ours d128 32 heads": 10.0, "ours packed": 4.0, "sdpa best padded+mask": 20.0,
+             "ours window 4096": 2.0, "ours causal 32768": 8.0, "ours full 32768": 16.0}  # fmt: skip
+    fake = {k: ({"fwd": t, "bwd": 2.5 * t, "fwd+bwd": 3.5 * t}, 1e12) for k, t in times.items()}
+    fake["sdpa best padded+mask backend"] = ("sdpa_efficient padded+mask", 0.0)
+    monkeypatch.setattr(bench_features, "_measurements", lambda args: fake)
+    table = bench_features.feature_table(None).set_index(["ours", "reference", "pass"])
+    both = table.xs("fwd+bwd", level="pass")
+    assert both.loc[("ours gqa 32/8", "ours mha 32/32"), "met"] == "yes"  # 1.0 <= 1.05
+    assert both.loc[("ours d256 16 heads", "ours d128 32 heads"), "ratio"] == round(10 / 12, 3)
+    assert both.loc[("ours window 4096", "ours causal 32768"), "met"] == "no"  # 4x < 5x
+    packed = both.loc[("ours packed", "sdpa best padded+mask (sdpa_efficient padded+mask)")]
+    assert packed["ratio"] == 5.0 and packed["met"] == "yes"
+    assert bench_features.document_lengths() == bench_features.document_lengths()
+    lengths = bench_features.document_lengths()
+    assert len(lengths) == 8 and min(lengths) == 512 and max(lengths) == 8192

@@ -55,11 +55,31 @@ def test_benchmark_runs_every_variant_on_cpu_processes(tmp_path):
     pytest.importorskip("analysis.accounting")
     from parallel import bench_ddp
 
-    df = bench_ddp.main([
-        "--preset", "tiny", "--backend", "gloo", "--warmup", "1", "--steps", "2", "--batch-size", "2",
-        "--variants", "local", "naive", "flat", "ddp", "bucketed", "torch", "--sweep-mb", "0.01",
-        "--out", str(tmp_path),
-    ])
+    df = bench_ddp.main(
+        [
+            "--preset",
+            "tiny",
+            "--backend",
+            "gloo",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--variants",
+            "local",
+            "naive",
+            "flat",
+            "ddp",
+            "bucketed",
+            "torch",
+            "--sweep-mb",
+            "0.01",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     runs = pd.read_csv(tmp_path / "ddp.csv")
     assert len(runs) == 12 and set(runs["precision"]) == {"fp32", "bf16"}
     assert (runs["step_ms"] > 0).all() and (runs["step_min_ms"] <= runs["step_max_ms"]).all()

@@ -1,24 +1,25 @@
-import math
-import random
 import sys
-import time
+from types import SimpleNamespace
 
+import harness.timing
 import pandas as pd
 import pytest
 import torch
-from profiling import bench, ranges, timing, workload
-from profiling.timing import median_ci, range_overhead, sync_overhead, time_steps
-from profiling.workload import MODES, resolve_config
+from harness.timing import time_steps
+from profiling import bench, ranges, runner, workload
+from profiling.options import MODES
+from profiling.ranges import range_overhead
+from profiling.workload import resolve_config
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_each_mode_runs_and_reports(tiny, mode, dtype):
-    row = bench.run_config(tiny, mode, dtype, warmup=1, steps=2, device="cpu")
+    row = runner.run_config(tiny, mode, dtype, warmup=1, steps=2, device="cpu")
     assert row["status"] == "ok"
     assert len(row["step_ms"]) == 2 and row["mean_ms"] > 0
     assert row["min_ms"] <= row["mean_ms"] <= row["max_ms"]
-    expected = bench.step_flops(tiny, mode) / (row["mean_ms"] * 1e-3) / 1e12
+    expected = runner.step_flops(tiny, mode) / (row["mean_ms"] * 1e-3) / 1e12
     assert row["tflops"] == pytest.approx(expected)
 
 
@@ -36,11 +37,29 @@ def test_forward_mode_builds_no_graph(tiny):
     assert all(p.grad is None for p in w.base_model.parameters())
 
 
-def test_cli_single_run_prints_table(capsys):
-    df = bench.run_cli(["--preset", "tiny", "--context", "19", "--batch", "2", "--mode", "forward-backward",
-                     "--warmup", "0", "--steps", "2", "--device", "cpu", "--checkpoint", "block"])
+def test_cli_single_run_prints_table_progress_and_writes_it(capsys, tmp_path):
+    df = bench.main(["--sizes", "tiny", "--contexts", "19", "--batch-size", "2", "--modes",
+                     "forward-backward", "--warmup", "1", "--steps", "2", "--device", "cpu", "--checkpoint",
+                     "block", "--out", str(tmp_path)])
     assert df.loc[0, "status"] == "ok" and df.loc[0, "context"] == 19 and df.loc[0, "checkpoint"] == "block"
-    assert "forward-backward" in capsys.readouterr().out
+    assert df.loc[0, "batch"] == 2
+    out = capsys.readouterr()
+    assert "forward-backward" in out.out
+    assert "[1/1] cell: tiny ctx=19" in out.err and "warm-up step 1/1" in out.err and "step 2/2:" in out.err
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "bench.csv"), df, check_dtype=False)
+
+
+def test_cli_sweeps_repeated_values_and_refuses_commas(capsys, tmp_path):
+    config = bench.parse_args(["--sizes", "tiny", "small", "--contexts", "17", "97", "--dtypes", "fp32",
+                               "bf16", "--compile", "both", "--device", "cpu"])
+    assert config.sizes == ("tiny", "small") and config.contexts == (17, 97)
+    assert config.dtypes == ("fp32", "bf16") and config.compiles == (False, True)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--contexts", "512,1024"])
+    assert "--contexts 512 1024" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--checkpoint", "group:0"])
+    assert "checkpoint strategy must be one of" in capsys.readouterr().err
 
 
 def test_simulated_oom_is_reported_not_raised(tiny, monkeypatch):
@@ -48,7 +67,7 @@ def test_simulated_oom_is_reported_not_raised(tiny, monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(workload.Workload, "step", boom)
-    row = bench.run_config(tiny, "train", warmup=0, steps=1, device="cpu")
+    row = runner.run_config(tiny, "train", warmup=0, steps=1, device="cpu")
     assert row["status"] == "OOM" and "mean_ms" not in row
 
 
@@ -58,7 +77,7 @@ def test_other_errors_propagate(tiny, monkeypatch):
 
     monkeypatch.setattr(workload.Workload, "step", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        bench.run_config(tiny, "train", warmup=0, steps=1, device="cpu")
+        runner.run_config(tiny, "train", warmup=0, steps=1, device="cpu")
 
 
 def test_sweep_marks_oom_and_implied_cells_and_writes_tables(tmp_path, tiny):
@@ -73,7 +92,7 @@ def test_sweep_marks_oom_and_implied_cells_and_writes_tables(tmp_path, tiny):
                 "status": "ok", "mean_ms": 1.0, "std_ms": 0.1, "tflops": 2.0, "step_ms": [1.0]}
 
     configs = [("a", tiny), ("b", tiny.with_(d_model=96))]
-    df = bench.sweep(configs, MODES, ["fp32"], [False], tmp_path / "t", run=fake_run)
+    df = runner.sweep(configs, MODES, ["fp32"], [False], tmp_path / "t", run=fake_run)
     status = dict(zip(zip(df["size"], df["mode"], strict=True), df["status"], strict=True))
     assert status[("a", "train")] == "ok"
     assert status[("b", "forward-backward")] == "OOM"
@@ -85,7 +104,7 @@ def test_sweep_marks_oom_and_implied_cells_and_writes_tables(tmp_path, tiny):
 
 
 def test_sweep_time_budget_skips(tmp_path, tiny):
-    df = bench.sweep([("a", tiny)], MODES, ["fp32"], [False], tmp_path / "t", max_seconds=-1.0,
+    df = runner.sweep([("a", tiny)], MODES, ["fp32"], [False], tmp_path / "t", max_seconds=-1.0,
                      run=lambda *a, **k: pytest.fail("must not run"))
     assert set(df["status"]) == {"skipped (time budget)"}
 
@@ -101,34 +120,22 @@ def test_bad_input_is_named():
         workload.attention_function("sparse")
 
 
-def test_sync_overhead_sees_a_cost_that_only_per_step_syncs_pay(monkeypatch):
-    monkeypatch.setattr(timing, "synchronize", lambda device: time.sleep(0.002))
-    result = sync_overhead(lambda: time.sleep(0.002), 4, 6, "cpu")
-    # synced: 2 ms step + 2 ms sync; back to back: 2 ms step + 2 ms sync / 4 steps = 2.5 ms
-    assert 3.5 < result["per_step_synced_ms"] < 5 and 2.2 < result["back_to_back_ms"] < 3.5
-    assert 30 < result["overhead_pct"] < 90
-    assert result["noise_pct"] < result["overhead_pct"] / 2
-    # the wait after queueing is the 2 ms sync, which bounds the 1.5 ms the sync costs per step
-    assert 1.8 < result["sync_wait_ms"] < 3 and result["overhead_pct"] < result["bound_pct"]
-
-
-def test_median_interval_covers_the_median_as_often_as_it_claims():
-    rng = random.Random(0)
-    for n in (6, 37, 64):
-        covered = sum(low <= 0 <= high for low, high in
-                      (median_ci([rng.expovariate(1) - math.log(2) for _ in range(n)]) for _ in range(2000)))
-        assert 0.945 <= covered / 2000 <= 0.995  # exact coverage of the chosen order statistics: 0.953-0.969
-    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few samples for 95%: the whole range
-    assert median_ci(list(range(100))) == (39, 60)
-
-
 def test_range_overhead_sees_a_cost_that_only_ranges_pay(monkeypatch):
+    now = [0.0]  # a clock that moves only with the steps: the result is exact whatever the machine's load
+    monkeypatch.setattr(harness.timing, "timeit", SimpleNamespace(default_timer=lambda: now[0]))
     monkeypatch.setattr(ranges, "_enabled", False)  # restored after the test whatever happens
-    result = range_overhead(lambda: time.sleep(0.004 if ranges.enabled() else 0.002), 2, 4, "cpu")
+    seen = []
+
+    def step():
+        seen.append(ranges.enabled())
+        now[0] += 0.004 if ranges.enabled() else 0.002
+
+    result = range_overhead(step, 2, 4, "cpu")
     assert not ranges.enabled()  # the caller's setting is restored
+    assert seen[:6] == [True] * 3 + [False] * 3 and seen[6:12] == [False] * 3 + [True] * 3  # ABBA, warm call
     assert result["steps_each"] == 8
-    assert 50 < result["overhead_pct"] < 150  # 4 ms against 2 ms, give or take the sleep's jitter
-    assert result["noise_pct"] < result["overhead_pct"] / 2
+    assert result["ranges_on_ms"] == pytest.approx(4) and result["ranges_off_ms"] == pytest.approx(2)
+    assert result["overhead_pct"] == pytest.approx(100) and result["noise_pct"] == pytest.approx(0, abs=1e-9)
 
 
 def test_flash_attention_slot_matches_naive(tiny):

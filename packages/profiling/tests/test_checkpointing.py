@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 from cs336_basics import build_model, cross_entropy
-from profiling.checkpointing import CheckpointedLM, parse_strategy, run_blocks
+from profiling.checkpointing import CheckpointedLM, run_blocks
+from profiling.options import parse_strategy
 
 STRATEGIES = ["block", "group:2", "group:3", "group:4", "sqrt", "bisect", "optimal"]
 

@@ -1,8 +1,8 @@
 """Checks that need CUDA: the allocator history and the CUDA kernel attribution (skipped without a GPU)."""
 
 import pytest
-from profiling.kernels import profile_config
-from profiling.memory import build_timeline, record
+from profiling.kernel_attribution import profile_config
+from profiling.memory_timeline import build_timeline, record
 from profiling.workload import Workload
 
 pytestmark = pytest.mark.gpu

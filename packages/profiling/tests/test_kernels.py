@@ -1,7 +1,13 @@
 from types import SimpleNamespace
 
 import pytest
-from profiling.kernels import attribute_kernels, is_matmul, profile_config, range_family, summarize_ranges
+from profiling.kernel_attribution import (
+    attribute_kernels,
+    is_matmul,
+    profile_config,
+    range_family,
+    summarize_ranges,
+)
 from torch.autograd import DeviceType
 
 

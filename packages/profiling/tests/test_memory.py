@@ -1,6 +1,6 @@
 import pandas as pd
 import pytest
-from profiling.memory import (
+from profiling.memory_timeline import (
     BETWEEN,
     build_timeline,
     compact_trace,

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from profiling.precision import accumulate, accumulation_table, autocast_dtypes
+from profiling.mixed_precision import accumulate, accumulation_table, autocast_dtypes
 
 
 def test_accumulation_facts():

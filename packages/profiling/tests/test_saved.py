@@ -1,6 +1,6 @@
 import pytest
 from analysis.accounting import block_activation_bytes, block_parameter_count
-from profiling.saved import PARAMETERS, block_report
+from profiling.saved_tensors import PARAMETERS, block_report
 
 
 def test_block_saved_bytes_match_hooks_and_formula(tiny):

@@ -1,4 +1,4 @@
-"""Small Markdown helpers for the report: tables and sympy expressions in LaTeX."""
+"""Markdown pieces of the report: sympy expressions in LaTeX, and tables (pandas, through the harness)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ def math_cell(expr: sp.Expr) -> str:
 
 
 def md_table(headers: list[str], rows: list[list]) -> str:
-    """A GitHub Markdown table; cells are converted with ``str`` (``|`` escaped)."""
+    """A GitHub Markdown table (through pandas); cells are converted with ``str`` (``|`` escaped) and kept
+    as written (no number parsing)."""
+    import pandas as pd
+    from harness.results import to_markdown
+
     if any(len(row) != len(headers) for row in rows):
         raise ValueError(f"every row needs {len(headers)} cells")
-
-    def line(cells) -> str:
-        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
-
-    return "\n".join([line(headers), line(["---"] * len(headers)), *(line(row) for row in rows)])
+    cells = [[str(cell).replace("|", "\\|") for cell in row] for row in rows]
+    return to_markdown(pd.DataFrame(cells, columns=headers), disable_numparse=True)

@@ -15,6 +15,7 @@ The attention kernel is pluggable: ``attention_fn(q, k, v, is_causal) -> out`` o
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -239,30 +240,50 @@ class BasicsTransformerLM(nn.Module):
             layer.attn.attention_fn = attention_fn
 
     def check_input(self, in_indices: Tensor) -> None:
-        """Raise ValueError / IndexError naming the problem with ``in_indices``."""
+        """Raise ValueError / IndexError naming the problem with ``in_indices``.
+
+        Shape and dtype are always checked. Token values are checked on the CPU; on an accelerator only when
+        ``CS336_BASICS_CHECK_TOKENS=1`` is set (a debug flag: reading the values back waits for the device
+        on every forward), otherwise an out-of-range id fails inside the embedding lookup.
+        """
         if in_indices.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"in_indices must hold integer token ids, got dtype {in_indices.dtype}")
+        if in_indices.ndim < 1:
+            raise ValueError("in_indices must have shape (..., seq), got a 0-d tensor")
         if in_indices.shape[-1] > self.context_length:
             raise ValueError(
                 f"sequence length {in_indices.shape[-1]} exceeds context_length {self.context_length}"
             )
-        if in_indices.numel():
+        on_host = in_indices.device.type == "cpu"
+        if in_indices.numel() and (on_host or os.environ.get("CS336_BASICS_CHECK_TOKENS") == "1"):
             lo, hi = int(in_indices.min()), int(in_indices.max())
             if lo < 0 or hi >= self.vocab_size:
                 raise IndexError(f"token ids must lie in [0, {self.vocab_size}), got min {lo} and max {hi}")
 
-    def hidden_states(self, in_indices: Tensor) -> Tensor:
-        """Final-norm output before the LM head: ``(batch, seq, d_model)``."""
+    def hidden_states(self, in_indices: Tensor, token_positions: Tensor | None = None) -> Tensor:
+        """Final-norm output before the LM head: ``(batch, seq, d_model)``.
+
+        ``token_positions`` (``(seq,)`` or ``(batch, seq)``, default ``0 ... seq - 1``) are the rotary
+        positions; packed documents pass positions that restart at 0 in each document.
+        """
         if not torch.compiler.is_compiling():
             self.check_input(in_indices)
         x = self.token_embeddings(in_indices)
-        positions = torch.arange(in_indices.shape[-1], device=in_indices.device)
+        if token_positions is None:
+            token_positions = torch.arange(in_indices.shape[-1], device=in_indices.device)
+        elif token_positions.shape[-1] != in_indices.shape[-1] or token_positions.ndim > in_indices.ndim:
+            raise ValueError(
+                f"token_positions has shape {tuple(token_positions.shape)}; expected (seq,) or (batch, seq) "
+                f"matching in_indices {tuple(in_indices.shape)}"
+            )
+        # (batch, seq) positions broadcast over the heads axis of (batch, heads, seq, d_head)
+        positions = token_positions.unsqueeze(-2) if token_positions.ndim > 1 else token_positions
         for layer in self.layers:
             x = layer(x, positions)
         return self.ln_final(x)
 
-    def forward(self, in_indices: Tensor) -> Tensor:
-        return self.lm_head(self.hidden_states(in_indices))
+    def forward(self, in_indices: Tensor, token_positions: Tensor | None = None) -> Tensor:
+        return self.lm_head(self.hidden_states(in_indices, token_positions))
 
     def reset_parameters(self) -> None:
         """Re-initialize every parameter (after ``to_empty`` from the meta device)."""

@@ -16,12 +16,6 @@ import time
 from itertools import product
 from pathlib import Path
 
-import pandas as pd
-import torch
-
-from flashattn.benchutil import DTYPES, environment, write_table
-from flashattn.plain import naive_attention
-
 # Non-causal forward saves, per (batch, head), the probabilities (softmax output, read by both of its
 # backward products) and the softmax's own output again for its gradient: autograd keeps one (S x S) tensor
 # shared by the two, and the scaled scores are freed. Backward then holds the probability gradient and the
@@ -31,6 +25,8 @@ PEAK_SCORE_TENSORS = 3
 
 
 def _timed_loop(fn, iters: int) -> float:
+    import torch
+
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(iters):
@@ -39,8 +35,10 @@ def _timed_loop(fn, iters: int) -> float:
     return (time.perf_counter() - start) / iters * 1e3
 
 
-def measure(attend, batch: int, seq: int, head_dim: int, dtype: torch.dtype, iters: int, warmup: int) -> dict:
+def measure(attend, batch: int, seq: int, head_dim: int, dtype, iters: int, warmup: int) -> dict:
     """Per-pass forward and backward ms and the memory allocated before backward (GiB), or an OOM status."""
+    import torch
+
     row = {"fwd ms": math.nan, "bwd ms": math.nan, "mem before bwd GiB": math.nan, "status": "ok"}
     try:
         q, k, v = (
@@ -74,10 +72,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="batch size (one head)")
     parser.add_argument("--seqs", type=int, nargs="+", default=[256, 1024, 4096, 8192, 16384], help="lengths")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128], help="head dims")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="input dtype")
+    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="fp32", help="input dtype")
     parser.add_argument("--iters", type=int, default=100, help="timed forward and backward passes per cell")
     parser.add_argument("--warmup", type=int, default=5, help="untimed forward+backward passes per cell")
     args = parser.parse_args()
+    from flashattn.benchutil import require_cuda
+
+    require_cuda("flashattn.bench_pytorch_attention")
+    import pandas as pd
+    import torch
+
+    from flashattn.benchutil import DTYPES, environment, write_table
+    from flashattn.plain import naive_attention
 
     dtype = DTYPES[args.dtype]
     env = environment()

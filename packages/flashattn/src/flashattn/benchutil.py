@@ -1,7 +1,6 @@
 """Helpers shared by the benchmark commands: the attention implementations under test, timing, result
 files."""
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,25 +62,24 @@ def matmul_tflops(n: int = 8192) -> float:
     return 2 * n**3 / ms / 1e9
 
 
-def environment() -> dict[str, str]:
-    """Device and versions, written beside every result."""
-    import triton
+def require_cuda(command: str) -> None:
+    """Exit with a clear message, before any work, when no CUDA GPU is visible."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{command} times CUDA kernels and needs an NVIDIA GPU; torch sees none here")
 
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"device": name, "torch": torch.__version__, "triton": triton.__version__,
-            "cudnn": str(torch.backends.cudnn.version())}  # fmt: skip
+
+def environment() -> dict[str, str]:
+    """Device, versions, date and command (``harness.environment``), written beside every result."""
+    from harness.environment import environment as harness_environment
+
+    return harness_environment()
 
 
 def write_table(
     df: pd.DataFrame, out_dir: Path, stem: str, floatfmt: str = ".3g", markdown: bool = True
 ) -> None:
-    """Write ``stem.csv`` (and ``stem.md``) under ``out_dir``, each through a temporary name and a rename."""
+    """Write ``stem.csv`` (and ``stem.md``) under ``out_dir`` atomically (``harness.results``)."""
+    from harness.results import write_table as harness_write_table
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = [(".csv", df.to_csv(index=False))]
-    if markdown:
-        files.append((".md", df.to_markdown(index=False, floatfmt=floatfmt)))
-    for suffix, text in files:
-        final = out_dir / f"{stem}{suffix}"
-        tmp = final.with_suffix(suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, final)
+    harness_write_table(df, out_dir / stem, floatfmt, formats=("csv", "md") if markdown else ("csv",))

@@ -1,34 +1,70 @@
-"""Compile the Triton kernels of many (head dim, dtype, causal, tiles) variants in parallel processes.
+"""Compile the Triton kernels of many variants (head dim, dtype, causal, tiles, window, packed) in parallel.
 
 Each variant takes seconds to compile and one process compiles one at a time; worker processes fill Triton's
 on-disk cache (``TRITON_CACHE_DIR``) side by side, so the benchmarks and tests that follow only load kernels.
-Lengths are not specialised on, so one tiny run per variant covers every length.
+Lengths, head counts and window sizes are not specialised on, so one tiny run per variant covers them all.
+``--suite`` adds the variants of the GPU tests and of ``flashattn.bench``'s feature table.
 
 Usage: ``python -m flashattn.precompile --head-dims 64 128 --dtypes bf16 fp32 --jobs 12``.
 """
 
 import argparse
-import multiprocessing as mp
 import time
 from itertools import product
+from typing import NamedTuple
 
-import torch
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
 
-from flashattn.triton_flash import FlashAttention2Triton, KernelConfigs, configs_for, pinned_configs
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-Variant = tuple[int, str, bool, KernelConfigs | None]
+class Variant(NamedTuple):
+    """One compiled set of kernels: ``configs=None`` takes the tile table's; ``window`` only says which sides
+    exist (its sizes are run-time arguments)."""
+
+    head_dim: int
+    dtype: str
+    causal: bool
+    configs: object = None
+    window: tuple[int, int] | None = None
+    varlen: bool = False
+
+
+def suite() -> list[Variant]:
+    """Variants the GPU tests (test_gpu.py, test_gpu_features.py) and the feature benchmarks run."""
+    dense = [Variant(d, t, c) for d, t, c in product((16, 32, 64, 128), DTYPE_NAMES, (True, False))]
+    features = [Variant(80, "bf16", True), Variant(96, "bf16", False), Variant(256, "bf16", True),
+                Variant(192, "bf16", True, window=(1, 0)), Variant(128, "bf16", False, window=(1, 1)),
+                Variant(128, "bf16", True, window=(1, 0)), Variant(256, "fp32", True),
+                Variant(80, "fp16", True, window=(1, 0)), Variant(128, "bf16", True, varlen=True),
+                Variant(128, "bf16", True, window=(1, 0), varlen=True),
+                Variant(128, "bf16", False, window=(1, 1), varlen=True)]  # fmt: skip
+    return dense + features
 
 
 def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
-    head_dim, dtype_name, causal, configs = variant
+    import torch
+
+    from flashattn.benchutil import DTYPES
+    from flashattn.triton_flash import (
+        FlashAttention2Triton,
+        FlashAttentionVarlenTriton,
+        configs_for,
+        pinned_configs,
+    )
+
     start = time.perf_counter()
-    dtype = DTYPES[dtype_name]
-    configs = configs or configs_for(head_dim, dtype)
-    q, k, v, do = (torch.randn(1, 1, 300, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+    dtype = DTYPES[variant.dtype]
+    configs = variant.configs or configs_for(variant.head_dim, dtype)
+    shape = (300, 2, variant.head_dim) if variant.varlen else (1, 2, 300, variant.head_dim)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
     try:
         with pinned_configs(configs):
-            FlashAttention2Triton.apply(q.requires_grad_(), k, v, causal).backward(do)
+            if variant.varlen:
+                cu = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
+                args = (cu, cu, 200, 200, variant.causal, variant.window)
+                o = FlashAttentionVarlenTriton.apply(q.requires_grad_(), k, v, *args)
+            else:
+                o = FlashAttention2Triton.apply(q.requires_grad_(), k, v, variant.causal, variant.window)
+            o.backward(do)
         torch.cuda.synchronize()
         status = "ok"
     except Exception as exc:  # a tile shape that does not fit is reported, not fatal
@@ -36,10 +72,13 @@ def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
     return variant, time.perf_counter() - start, status
 
 
-def precompile(variants: list[Variant], jobs: int) -> list[tuple[Variant, float, str]]:
-    """Run one tiny forward+backward per variant in ``jobs`` spawned processes; returns (variant, s,
-    status)."""
-    with mp.get_context("spawn").Pool(min(jobs, len(variants))) as pool:
+def precompile(variants: list, jobs: int) -> list[tuple[Variant, float, str]]:
+    """One tiny forward+backward per variant (or plain tuple of its fields) in ``jobs`` spawned processes;
+    returns (variant, seconds, status)."""
+    import multiprocessing as mp
+
+    variants = [Variant(*v) for v in variants]
+    with mp.get_context("spawn").Pool(max(1, min(jobs, len(variants)))) as pool:
         return pool.map(_compile_one, variants, chunksize=1)
 
 
@@ -48,24 +87,29 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--head-dims", type=int, nargs="+", default=[16, 32, 64, 128], help="head dims to build"
+        "--head-dims", type=int, nargs="*", default=[16, 32, 64, 128], help="head dims to build"
     )
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=DTYPE_NAMES, help="dtypes")
+    parser.add_argument("--causal", choices=["yes", "no", "both"], default="both",
+                        help="build causal, non-causal or both kernels")  # fmt: skip
     parser.add_argument(
-        "--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES), help="dtypes"
-    )
-    parser.add_argument(
-        "--causal",
-        choices=["yes", "no", "both"],
-        default="both",
-        help="build causal, non-causal or both kernels",
+        "--suite", action="store_true", help="also the GPU tests' and feature benchmarks' variants"
     )
     parser.add_argument("--jobs", type=int, default=12, help="parallel compile processes")
     args = parser.parse_args()
+    from flashattn.benchutil import require_cuda
+
+    require_cuda("flashattn.precompile")
     causal = {"yes": [True], "no": [False], "both": [True, False]}[args.causal]
-    variants = [(d, t, c, None) for d, t, c in product(args.head_dims, args.dtypes, causal)]
+    variants = [Variant(d, t, c) for d, t, c in product(args.head_dims, args.dtypes, causal)]
+    variants += [v for v in suite() if v not in variants] if args.suite else []
     start = time.perf_counter()
-    for (d, t, c, _), seconds, status in precompile(variants, args.jobs):
-        print(f"precompile d={d} {t} causal={c}: {seconds:.1f} s {status}", flush=True)
+    for v, seconds, status in precompile(variants, args.jobs):
+        extra = f" window={v.window}" * (v.window is not None) + " packed" * v.varlen
+        print(
+            f"precompile d={v.head_dim} {v.dtype} causal={v.causal}{extra}: {seconds:.1f} s {status}",
+            flush=True,
+        )
     print(f"precompiled {len(variants)} variants in {time.perf_counter() - start:.1f} s")
 
 

@@ -1,152 +1,166 @@
 """FlashAttention-2 written with PyTorch tensor operations: the algorithm, readable, on any device.
 
-Forward: query tiles x key tiles (``TILE`` x ``TILE`` positions), a running row max ``m``, running sum
-``l`` and
-unnormalised output kept in float32 (float64 for float64 inputs); never a full ``seq_q x seq_k`` matrix.
-Key tiles
-wholly above the causal diagonal are skipped. Backward recomputes the probabilities one key tile at a time
-from
-``Q, K, V, O, dO`` and ``L``, with ``D = rowsum(O * dO)``; the per-tile body is compiled with
-``torch.compile``.
+Forward: query tiles x key tiles (``TILE`` x ``TILE`` positions), a running row max ``m``, running sum ``l``
+and unnormalised output kept in float32 (float64 for float64 inputs); never a full ``seq_q x seq_k`` matrix.
+Key tiles wholly outside the visible band (causal, window) are skipped. Backward recomputes the probabilities
+one key tile at a time from ``Q, K, V, O, dO`` and ``L``, with ``D = rowsum(O * dO)``; the per-tile body is
+compiled with ``torch.compile`` on first use.
 
-Saved for backward: ``L`` (the only new tensor, shape ``(..., seq_q)``) plus the inputs ``q, k, v`` and the
-output ``o`` that the recomputation reads. Limits: head dims 16/32/64/128; fp16/bf16/fp32/fp64; causal needs
-``seq_q <= seq_k`` (bottom-right alignment). It is a clear reference, not a fast kernel: Python loops over
-tiles.
+Grouped-query attention runs on a ``(B, H_kv, group, S, d)`` view of ``q`` against ``(B, H_kv, 1, S, d)``
+keys and values: broadcasting, no copies; dK and dV sum over the group axis. Saved for backward: ``L`` (the
+only new tensor, shape ``(..., seq_q)``) plus ``q, k, v`` and ``o``. Limits: head dims multiples of 8 in
+[16, 256]; fp16/bf16/fp32/fp64; visibility as in :mod:`flashattn.inputs`. It is a clear reference, not a fast
+kernel: Python loops over tiles.
 """
 
+import functools
 import math
 
 import torch
 from torch import Tensor
 
-from flashattn.inputs import as_4d, check_qkv
+from flashattn.inputs import Window, as_4d, check_qkv, right_bound
 
 TILE = 64
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _band(i0: int, i1: int, shift: int, left: int | None, right: int | None, n_cols: int) -> tuple[int, int]:
+    """Columns ``[lo, hi)`` that rows ``[i0, i1)`` may see when ``row + shift - left <= col <= row + shift +
+    right`` (``None``: unbounded side)."""
+    lo = 0 if left is None else max(0, i0 + shift - left)
+    hi = n_cols if right is None else min(n_cols, max(0, i1 - 1 + shift + right + 1))
+    return lo, hi
+
+
+def _visible(rows: Tensor, cols: Tensor, shift: int, left: int | None, right: int | None) -> Tensor:
+    rel = cols[None, :] - rows[:, None] - shift
+    seen = torch.ones_like(rel, dtype=torch.bool)
+    if left is not None:
+        seen &= rel >= -left
+    if right is not None:
+        seen &= rel <= right
+    return seen
+
+
 def tiled_forward(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, tile: int = TILE
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, tile: int = TILE, window: Window = None
 ) -> tuple[Tensor, Tensor]:
-    """FlashAttention-2 forward: ``o`` ``(..., seq_q, d)`` in q's dtype and ``lse`` ``(..., seq_q)``
-    float32/64."""
-    acc_dtype = _accumulator_dtype(q.dtype)
-    seq_q, seq_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = 1.0 / math.sqrt(head_dim)
-    shift = seq_k - seq_q
-    o = torch.empty_like(q)
-    lse = torch.empty(q.shape[:-1], dtype=acc_dtype, device=q.device)
-    for i0 in range(0, seq_q, tile):
-        i1 = min(i0 + tile, seq_q)
-        q_tile = q[..., i0:i1, :].to(acc_dtype) * scale
-        row_max = torch.full(q_tile.shape[:-1], float("-inf"), dtype=acc_dtype, device=q.device)
-        row_sum = torch.zeros_like(row_max)
-        acc = torch.zeros_like(q_tile)
-        key_end = min(seq_k, i1 + shift) if is_causal else seq_k
-        for j0 in range(0, key_end, tile):
-            j1 = min(j0 + tile, seq_k)
-            scores = q_tile @ k[..., j0:j1, :].to(acc_dtype).transpose(-1, -2)
-            if is_causal and j1 - 1 > i0 + shift:  # the tile crosses the diagonal
-                rows = torch.arange(i0, i1, device=q.device)[:, None]
-                cols = torch.arange(j0, j1, device=q.device)[None, :]
-                scores = scores.masked_fill(cols > rows + shift, float("-inf"))
-            new_max = torch.maximum(row_max, scores.amax(dim=-1))
-            probs = torch.exp(scores - new_max[..., None])
-            rescale = torch.exp(row_max - new_max)
-            row_sum = rescale * row_sum + probs.sum(dim=-1)
-            acc = rescale[..., None] * acc + probs @ v[..., j0:j1, :].to(acc_dtype)
-            row_max = new_max
-        o[..., i0:i1, :] = (acc / row_sum[..., None]).to(q.dtype)
-        lse[..., i0:i1] = row_max + torch.log(row_sum)
-    return o, lse
-
-
-def _key_tile_gradients(
-    q: Tensor,
-    k_tile: Tensor,
-    v_tile: Tensor,
-    do: Tensor,
-    lse: Tensor,
-    delta: Tensor,
-    visible: Tensor,
-    scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One key tile of the backward: its ``dK``, ``dV`` and its contribution to ``dQ`` (all accumulator
-    dtype).
-
-    ``visible`` is a boolean ``(seq_q, tile)`` mask of allowed (query, key) pairs.
-    """
-    scores = (q @ k_tile.transpose(-1, -2)) * scale
-    probs = torch.where(visible, torch.exp(scores - lse[..., None]), 0.0)
-    dv = probs.transpose(-1, -2) @ do
-    dprobs = do @ v_tile.transpose(-1, -2)
-    dscores = probs * (dprobs - delta[..., None])
-    dq_part = (dscores @ k_tile) * scale
-    dk = (dscores.transpose(-1, -2) @ q) * scale
-    return dq_part, dk, dv
-
-
-_compiled_key_tile_gradients = torch.compile(_key_tile_gradients, dynamic=True)
-
-
-def tiled_backward(
-    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, tile: int = TILE
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients ``dq, dk, dv`` (inputs' dtype) by recomputation, one key tile at a time (memory ``seq_q x
-    tile``)."""
+    """FlashAttention-2 forward on ``(B, H_q, S, d)`` / ``(B, H_kv, S, d)``: ``o`` in q's dtype and ``lse``
+    ``(B, H_q, seq_q)`` float32/64. As in plain softmax, a row whose visible scores are all -inf is NaN."""
     acc_dtype = _accumulator_dtype(q.dtype)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1])
-    qa, doa = q.to(acc_dtype), do.to(acc_dtype)
-    delta = (o.to(acc_dtype) * doa).sum(dim=-1)
-    rows = torch.arange(seq_q, device=q.device)[:, None] + (seq_k - seq_q)
+    shift, left, right = seq_k - seq_q, window[0] if window else None, right_bound(is_causal, window)
+    qg = q.unflatten(1, (k.shape[1], q.shape[1] // k.shape[1]))
+    kg, vg = k.unsqueeze(2), v.unsqueeze(2)
+    o = torch.empty_like(qg)
+    lse = torch.empty(qg.shape[:-1], dtype=acc_dtype, device=q.device)
+    for i0 in range(0, seq_q, tile):
+        i1 = min(i0 + tile, seq_q)
+        q_tile = qg[..., i0:i1, :].to(acc_dtype) * scale
+        row_max = torch.full(q_tile.shape[:-1], float("-inf"), dtype=acc_dtype, device=q.device)
+        row_sum = torch.zeros_like(row_max)
+        acc = torch.zeros_like(q_tile)
+        lo, hi = _band(i0, i1, shift, left, right, seq_k)
+        for j0 in range(lo // tile * tile, hi, tile):
+            j1 = min(j0 + tile, seq_k)
+            scores = q_tile @ kg[..., j0:j1, :].to(acc_dtype).transpose(-1, -2)
+            rows = torch.arange(i0, i1, device=q.device)
+            seen = _visible(rows, torch.arange(j0, j1, device=q.device), shift, left, right)
+            scores = scores.masked_fill(~seen, float("-inf"))
+            new_max = torch.maximum(row_max, scores.amax(dim=-1))
+            safe_max = new_max.masked_fill(
+                new_max == float("-inf"), 0.0
+            )  # all -inf so far: exp gives 0, not NaN
+            probs = torch.exp(scores - safe_max[..., None])
+            rescale = torch.exp(row_max - safe_max)
+            row_sum = rescale * row_sum + probs.sum(dim=-1)
+            acc = rescale[..., None] * acc + probs @ vg[..., j0:j1, :].to(acc_dtype)
+            row_max = new_max
+        o[..., i0:i1, :] = (acc / row_sum[..., None]).to(q.dtype)
+        lse[..., i0:i1] = row_max + torch.log(row_sum)
+    return o.flatten(1, 2), lse.flatten(1, 2)
+
+
+def _key_tile_gradients(q, k_tile, v_tile, do, lse, delta, visible, scale):
+    """One key tile of the backward (grouped shapes): its ``dK``, ``dV`` (summed over the group axis) and its
+    contribution to ``dQ``; ``visible`` is a boolean ``(seq_q, tile)`` mask of allowed (query, key) pairs."""
+    scores = (q @ k_tile.transpose(-1, -2)) * scale
+    probs = torch.where(visible, torch.exp(scores - lse[..., None]), 0.0)
+    dv = (probs.transpose(-1, -2) @ do).sum(dim=2, keepdim=True)
+    dprobs = do @ v_tile.transpose(-1, -2)
+    dscores = probs * (dprobs - delta[..., None])
+    dq_part = (dscores @ k_tile) * scale
+    dk = (dscores.transpose(-1, -2) @ q).sum(dim=2, keepdim=True) * scale
+    return dq_part, dk, dv
+
+
+@functools.cache
+def _compiled_key_tile_gradients():
+    """Compiled on first use, so that importing the package does not load the compiler."""
+    return torch.compile(_key_tile_gradients, dynamic=True)
+
+
+def tiled_backward(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, tile: int = TILE,
+    window: Window = None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Gradients ``dq, dk, dv`` (inputs' dtype) of 4-D inputs by recomputation, one key tile at a time (memory
+    ``seq_q x tile``)."""
+    acc_dtype = _accumulator_dtype(q.dtype)
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    shift, left, right = seq_k - seq_q, window[0] if window else None, right_bound(is_causal, window)
+    group = (k.shape[1], q.shape[1] // k.shape[1])
+    qa, doa = q.to(acc_dtype).unflatten(1, group), do.to(acc_dtype).unflatten(1, group)
+    delta = (o.to(acc_dtype).unflatten(1, group) * doa).sum(dim=-1)
+    lse = lse.unflatten(1, group)
+    kg, vg = k.unsqueeze(2), v.unsqueeze(2)
     dq = torch.zeros_like(qa)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    body = _compiled_key_tile_gradients()
     for j0 in range(0, seq_k, tile):
         j1 = min(j0 + tile, seq_k)
-        cols = torch.arange(j0, j1, device=q.device)[None, :]
-        visible = cols <= rows if is_causal else torch.ones(seq_q, j1 - j0, dtype=torch.bool, device=q.device)
-        dq_part, dk_tile, dv_tile = _compiled_key_tile_gradients(
-            qa,
-            k[..., j0:j1, :].to(acc_dtype),
-            v[..., j0:j1, :].to(acc_dtype),
-            doa,
-            lse,
-            delta,
-            visible,
-            scale,
-        )
-        dq += dq_part
-        dk[..., j0:j1, :] = dk_tile.to(k.dtype)
-        dv[..., j0:j1, :] = dv_tile.to(v.dtype)
-    return dq.to(q.dtype), dk, dv
-
-
-def _backward_any_rank(q, k, v, o, lse, do, is_causal):
-    """:func:`tiled_backward` on 4-D views, so the compiled tile body sees one rank (fewer recompilations)."""
-    q4 = as_4d(q)
-    grads = tiled_backward(q4, as_4d(k), as_4d(v), as_4d(o), lse.reshape(q4.shape[:-1]), as_4d(do), is_causal)
-    return tuple(g.reshape(t.shape) for g, t in zip(grads, (q, k, v), strict=True))
+        # queries that see any key of the tile: the band of the transposed problem
+        i0, i1 = _band(j0, j1, -shift, right, left, seq_q)
+        if i0 >= i1:
+            continue
+        rows = torch.arange(i0, i1, device=q.device)
+        seen = _visible(rows, torch.arange(j0, j1, device=q.device), shift, left, right)
+        dq_part, dk_tile, dv_tile = body(
+            qa[..., i0:i1, :], kg[..., j0:j1, :].to(acc_dtype), vg[..., j0:j1, :].to(acc_dtype),
+            doa[..., i0:i1, :], lse[..., i0:i1], delta[..., i0:i1], seen, scale,
+        )  # fmt: skip
+        dq[..., i0:i1, :] += dq_part
+        dk[..., j0:j1, :] = dk_tile.squeeze(2).to(k.dtype)
+        dv[..., j0:j1, :] = dv_tile.squeeze(2).to(v.dtype)
+    return dq.flatten(1, 2).to(q.dtype), dk, dv
 
 
 class FlashAttention2PyTorch(torch.autograd.Function):
-    """``FlashAttention2PyTorch.apply(q, k, v, is_causal=False) -> o`` on ``(..., seq, d)`` tensors."""
+    """``FlashAttention2PyTorch.apply(q, k, v, is_causal=False, window=None) -> o``, ``(..., H, seq, d)``."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        check_qkv(q, k, v, is_causal, _DTYPES)
-        o, lse = tiled_forward(q, k, v, is_causal)
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, window: Window = None
+    ) -> Tensor:
+        window = check_qkv(q, k, v, is_causal, DTYPES, window)
+        o, lse = tiled_forward(as_4d(q), as_4d(k), as_4d(v), is_causal, window=window)
+        o, lse = o.reshape(q.shape), lse.reshape(q.shape[:-1])
         ctx.save_for_backward(lse, q, k, v, o)
-        ctx.is_causal = is_causal
+        ctx.is_causal, ctx.window = is_causal, window
         return o
 
     @staticmethod
-    def backward(ctx, do: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    def backward(ctx, do: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         lse, q, k, v, o = ctx.saved_tensors
-        dq, dk, dv = _backward_any_rank(q, k, v, o, lse, do, ctx.is_causal)
-        return dq, dk, dv, None
+        q4 = as_4d(q)
+        grads = tiled_backward(q4, as_4d(k), as_4d(v), as_4d(o), lse.reshape(q4.shape[:-1]), as_4d(do),
+                               ctx.is_causal, window=ctx.window)  # fmt: skip
+        dq, dk, dv = (g.reshape(t.shape) for g, t in zip(grads, (q, k, v), strict=True))
+        return dq, dk, dv, None, None

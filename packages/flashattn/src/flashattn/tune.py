@@ -15,21 +15,7 @@ import math
 import time
 from pathlib import Path
 
-import pandas as pd
-import torch
-from triton.testing import do_bench
-
-from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, environment, time_passes, write_table
-from flashattn.precompile import precompile
-from flashattn.triton_flash import (
-    X3,
-    KernelConfigs,
-    TileConfig,
-    launch_delta,
-    launch_dkdv,
-    launch_dq,
-    launch_forward,
-)
+from flashattn.triton_configs import SHARED_MEMORY_BYTES, X3, KernelConfigs, TileConfig, shared_bytes
 
 T = TileConfig
 CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
@@ -40,6 +26,10 @@ CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
     "dq": [T(128, 64, 8, 3), T(128, 32, 4, 3), T(64, 64, 4, 3), T(128, 64, 8, 2), T(128, 128, 8, 2),
            T(64, 128, 8, 3)],
 }  # fmt: skip
+# Head dim 256 doubles every tile's bytes: narrower tiles, two stages (the others are filtered out).
+WIDE = {"forward": [T(64, 64, 4, 2), T(64, 64, 8, 2), T(128, 32, 8, 2), T(64, 32, 4, 3), T(128, 64, 8, 2)],
+        "dkdv": [T(32, 64, 8, 2), T(32, 64, 4, 2), T(16, 64, 4, 2), T(32, 32, 4, 3)],
+        "dq": [T(64, 32, 8, 2), T(64, 32, 4, 2), T(32, 64, 4, 2), T(64, 64, 8, 1)]}  # fmt: skip
 # fp32 inputs: IEEE dots run on the FMA units and take twice the registers per element, so their tiles are a
 # quarter to an eighth of the 16-bit ones; tf32x3 dots (three TF32 tensor-core products) take middle tiles.
 FP32_CANDIDATES = {
@@ -53,16 +43,21 @@ FP32_CANDIDATES = {
 }  # fmt: skip
 
 
-def candidates_for(dtype: torch.dtype) -> dict[str, list[TileConfig]]:
-    """The candidate tile shapes of each kernel for inputs of ``dtype``."""
-    return FP32_CANDIDATES if dtype == torch.float32 else CANDIDATES
+def candidates_for(dtype, head_dim: int = 128) -> dict[str, list[TileConfig]]:
+    """The candidate tile shapes of each kernel for ``dtype`` and ``head_dim`` that fit shared memory."""
+    lists = FP32_CANDIDATES if dtype.itemsize == 4 else CANDIDATES
+    if head_dim > 128 and dtype.itemsize < 4:
+        lists = {k: WIDE[k] + v for k, v in lists.items()}
+    fits = {k: [c for c in v if shared_bytes(k, c, head_dim, dtype.itemsize) <= SHARED_MEMORY_BYTES]
+            for k, v in lists.items()}  # fmt: skip
+    return {k: v or lists[k][:1] for k, v in fits.items()}
 
 
 # FLOPs of each timed row as a multiple of the forward's (the backward kernels alone get no rate).
 _FLOP_FACTOR = {"forward": 1.0, "fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 
 
-def _time(fn, rep_ms: float) -> float:
+def _time(do_bench, fn, rep_ms: float) -> float:
     try:
         return do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
     except Exception as exc:  # shapes that exceed shared memory or registers are reported as failed
@@ -77,7 +72,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=16384, help="sequence length (queries = keys)")
     parser.add_argument("--heads", type=int, default=32, help="attention heads (batch is 1)")
     parser.add_argument("--head-dim", type=int, default=128, help="head dimension")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype")
+    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="input dtype")
     parser.add_argument("--non-causal", action="store_true", help="tune the non-causal kernels instead")
     parser.add_argument(
         "--rep-ms", type=float, default=60.0, help="do_bench repetition time per candidate (ms)"
@@ -85,11 +80,20 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=12, help="parallel compile processes")
     parser.add_argument("--out", type=Path, default=Path("flashattn-tune"), help="folder for tune.csv/.md")
     args = parser.parse_args()
+    from flashattn.benchutil import require_cuda
 
+    require_cuda("flashattn.tune")
+    import pandas as pd
+    import torch
     from analysis.accounting import attention_flops
+    from triton.testing import do_bench
+
+    from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, environment, time_passes, write_table
+    from flashattn.precompile import precompile
+    from flashattn.triton_flash import launch_delta, launch_dkdv, launch_dq, launch_forward
 
     causal, dtype = not args.non_causal, DTYPES[args.dtype]
-    candidates = candidates_for(dtype)
+    candidates = candidates_for(dtype, args.head_dim)
     count = max(len(c) for c in candidates.values())
     pick = [KernelConfigs(*(c[min(i, len(c) - 1)] for c in candidates.values())) for i in range(count)]
     start = time.perf_counter()
@@ -109,7 +113,7 @@ def main() -> None:
     rows = []
     for kernel, configs in candidates.items():
         for cfg in configs:
-            ms = _time(lambda run=runs[kernel], cfg=cfg: run(cfg), args.rep_ms)
+            ms = _time(do_bench, lambda run=runs[kernel], cfg=cfg: run(cfg), args.rep_ms)
             rows.append({"kernel": kernel, **cfg._asdict(), "ms": ms})
             print(f"{kernel:8s} {tuple(cfg)}: {ms:.3f} ms", flush=True)
     for name in ("sdpa_flash", "sdpa_cudnn") if dtype != torch.float32 else ():  # no fp32 kernels

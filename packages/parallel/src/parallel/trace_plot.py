@@ -1,4 +1,5 @@
-"""Compute and communication on the GPU over time, read from ``torch.profiler`` Chrome traces.
+"""Figures of the data-parallel benchmarks: compute and communication on the GPU over time, read from
+``torch.profiler`` Chrome traces, and step time against bucket size.
 
 A trace holds complete events (``"ph": "X"``, times in µs). GPU kernels (category ``kernel``) are split by
 name: NCCL's kernels (``nccl...``) are communication, every other kernel is compute. Ranges opened with
@@ -11,23 +12,20 @@ Limits: one GPU per trace (the first device found); a NCCL kernel's time include
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import pandas as pd
+from harness.results import new_figure, save_figure
+from harness.trace import load_trace
 
-
-def load_trace(path: str | Path) -> list[dict]:
-    """The ``traceEvents`` of a Chrome trace (``.json`` or ``.json.gz``)."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise ValueError(f"{path}: no list of trace events found")
-    return events
+__all__ = [
+    "gpu_intervals",
+    "load_trace",
+    "overlap_fraction",
+    "plot_bucket_sweep",
+    "plot_timelines",
+    "summary",
+]
 
 
 def gpu_intervals(events: list[dict]) -> pd.DataFrame:
@@ -44,8 +42,12 @@ def gpu_intervals(events: list[dict]) -> pd.DataFrame:
         if e.get("ph") != "X" or name.startswith("ProfilerStep"):
             continue
         start = float(e["ts"])
-        row = dict(name=name, stream=e.get("args", {}).get("stream", e.get("tid")), start_ms=start,
-                   end_ms=start + float(e["dur"]))
+        row = dict(
+            name=name,
+            stream=e.get("args", {}).get("stream", e.get("tid")),
+            start_ms=start,
+            end_ms=start + float(e["dur"]),
+        )
         if cat == "kernel":
             rows.append(dict(kind="communication" if name.lower().startswith("nccl") else "compute", **row))
         elif cat == "gpu_user_annotation":
@@ -117,18 +119,9 @@ _PHASE_COLORS = ["#EEEEEE", "#DDE8F3", "#F3E3D6", "#E2F0DA", "#EDE0F0"]
 
 def plot_timelines(traces: dict[str, str | Path], path: str | Path, title: str = "") -> dict[str, dict]:
     """One panel per labelled trace: kernels per stream against time, phases shaded; returns summaries."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from parallel.report import save_figure
-
     frames = {label: gpu_intervals(load_trace(p)) for label, p in traces.items()}
     span = max(float(df["end_ms"].max()) for df in frames.values())
-    fig, axes = plt.subplots(
-        len(frames), 1, figsize=(13, 2.3 * len(frames) + 0.6), sharex=True, squeeze=False
-    )
+    fig, axes = new_figure(len(frames), 1, figsize=(13, 2.3 * len(frames) + 0.6), sharex=True, squeeze=False)
     summaries = {}
     for ax, (label, df) in zip(axes[:, 0], frames.items(), strict=True):
         summaries[label] = summary(df)
@@ -170,5 +163,25 @@ def plot_timelines(traces: dict[str, str | Path], path: str | Path, title: str =
     axes[-1, 0].set_xlabel("time since the step's first GPU activity (ms)")
     if title:
         fig.suptitle(title)
-    save_figure(fig, path)
+    save_figure(fig, path, dpi=130)
     return summaries
+
+
+def plot_bucket_sweep(sweep: pd.DataFrame, runs: pd.DataFrame, path: str | Path) -> Path:
+    """BucketedDDP step time against bucket size per precision; torch DDP dashed, no communication dotted."""
+    fig, ax = new_figure(figsize=(6.4, 4))
+    for precision, group in sweep[sweep["variant"] == "bucketed"].groupby("precision"):
+        group = group.sort_values("bucket_mb")
+        (line,) = ax.plot(group["bucket_mb"], group["step_ms"], marker="o", label=f"BucketedDDP {precision}")
+        for variant, style in (("torch", "--"), ("local", ":")):
+            ref = runs[(runs["variant"] == variant) & (runs["precision"] == precision)]["step_ms"]
+            if len(ref):
+                name = "torch DDP" if variant == "torch" else "no communication"
+                ax.axhline(ref.iloc[0], color=line.get_color(), linestyle=style, label=f"{name} {precision}")
+    ax.set_xscale("log")
+    ax.set_xlabel("bucket size (MiB)")
+    ax.set_ylabel("step time (ms, median of the slower rank)")
+    ax.set_title(f"{runs['preset'].iloc[0]}: BucketedDDP bucket-size sweep", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path, dpi=130)

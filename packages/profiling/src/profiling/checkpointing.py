@@ -33,25 +33,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .options import parse_strategy
+
 Block = Callable[[Tensor], Tensor]
-STRATEGY_NAMES = ("none", "block", "group:K", "sqrt", "bisect", "optimal")
-
-
-def parse_strategy(spec: str) -> tuple[str, int]:
-    """``'group:4'`` -> ``('group', 4)``; ``'block'`` -> ``('group', 1)``; others -> ``(name, 0)``."""
-    if spec in ("none", "sqrt", "bisect", "optimal"):
-        return spec, 0
-    if spec == "block":
-        return "group", 1
-    if spec.startswith("group:"):
-        try:
-            k = int(spec.split(":", 1)[1])
-        except ValueError:
-            k = 0
-        if k >= 1:
-            return "group", k
-    raise ValueError(f"checkpoint strategy must be one of {STRATEGY_NAMES} (K a positive integer), "
-                     f"got {spec!r}")
 
 
 def _ckpt(fn: Callable, *args) -> Tensor:

@@ -1,187 +1,102 @@
-"""Kernel tables per named range, from ``torch.profiler`` (no Nsight Systems needed).
+"""Kernel tables per named range (forward, backward, optimizer_step, block, attention parts), from a profile.
 
-``python -m profiling.kernels --preset small --contexts 256,1024 --modes forward,train`` profiles a few
-steps of each configuration and writes, for every range (``forward``, ``backward``, ``optimizer_step``,
-``block`` (all blocks together), ``attention.scores`` / ``.softmax`` / ``.weighted_sum``), the CUDA
-kernels by total GPU time with calls and share per step, plus a summary of each range.
+    python -m profiling.kernels --sizes small --contexts 256 1024 --modes forward train
 
-A kernel belongs to a range when the CUDA API call that launched it (``cudaLaunchKernel`` and the like,
-paired with the kernel by the profiler's correlation id) started inside the range's CPU interval; this
-covers the autograd threads too, which run the backward while the main thread waits in the ``backward``
-range. Each GPU activity is counted once. The kernel lists that the profiler attaches to operators are
-not used: summed per range they gave the optimizer step more kernel time than the whole step took
-(small and medium at context 1024-2048), a sign that some kernels were attached to several operators.
-Ranges nest, so a kernel counts in ``forward``, ``block`` and ``attention.*`` at once. Limits: backward
-is one range (no per-block split); kernels launched outside any range (none in our steps), or whose
-launch call the profile lacks, are listed under ``(outside ranges)``.
+profiles ``--steps`` steps of every configuration after ``--warmup`` and writes ``<out>/<name>.csv/.md``
+(each range's kernels by GPU time, calls and share per step) and ``<name>-summary.csv/.md`` (one row per
+range); how kernels are attributed to ranges: ``profiling.kernel_attribution``.
 """
 
 from __future__ import annotations
 
-import argparse
-import re
+import itertools
+from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-import torch
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+from harness.cli import (
+    add_device,
+    add_dtypes,
+    add_list,
+    add_out,
+    add_steps,
+    command_parser,
+    positive_int,
+    resolve_device,
+)
 
-from . import ranges
-from .tables import write_table
-from .timing import summarize, synchronize, time_steps
-from .workload import MODES, Workload, resolve_config
-
-MATMUL_KERNEL = re.compile(r"gemm|cutlass|xmma|nvjet|wgmma|cublas|matmul|_mma|^aten::(mm|bmm|addmm)$",
-                           re.IGNORECASE)
-OUTSIDE = "(outside ranges)"
-LAUNCH_API = re.compile(r"^cu(da)?[A-Z]")  # CUDA runtime and driver calls (cudaLaunchKernel, cuLaunchKernel)
+from .options import MODES
 
 
-def is_matmul(kernel_name: str) -> bool:
-    """True for cuBLAS / CUTLASS matrix-multiply kernels (by name)."""
-    return bool(MATMUL_KERNEL.search(kernel_name))
+@dataclass(frozen=True)
+class KernelsConfig:
+    """The product of sizes x contexts x modes x dtypes to profile, and where the tables go."""
+
+    sizes: tuple[str, ...] = ("small",)
+    contexts: tuple[int, ...] = (512,)
+    modes: tuple[str, ...] = ("forward", "train")
+    dtypes: tuple[str, ...] = ("fp32",)
+    steps: int = 3
+    warmup: int = 2
+    device: str = "cuda"
+    out: str = "results"
+    name: str = "kernels"
 
 
-def range_family(name: str) -> str:
-    """``block[7]`` -> ``block``; other names unchanged."""
-    return re.sub(r"\[\d+\]$", "", name)
+def measure(config: KernelsConfig):
+    """Kernel table and range summary (DataFrames) of every configuration, each printed as it finishes."""
+    import pandas as pd
+    from harness.progress import progress
+    from harness.results import to_markdown
+
+    from .kernel_attribution import profile_config, short_names
+
+    kernels, summaries = [], []
+    cells = itertools.product(config.sizes, config.contexts, config.modes, config.dtypes)
+    for size, context, mode, dtype in progress(cells, "profile", lambda c: " ".join(map(str, c))):
+        k, s = profile_config(size, context, mode, dtype, config.steps, config.warmup, config.device)
+        kernels.append(k)
+        summaries.append(s)
+        print(to_markdown(short_names(s), ".3g"), flush=True)
+    return pd.concat(kernels), pd.concat(summaries)
 
 
-def profile_steps(workload: Workload, steps: int = 3, warmup: int = 2) -> tuple[list, float]:
-    """Profile ``steps`` steps after ``warmup``; returns the profiler's events and the synced mean ms
-    of the same number of unprofiled steps (the Python timer)."""
-    if not ranges.enabled():
-        raise RuntimeError("kernel tables need the ranges on (profiling.ranges.set_enabled(True))")
-    timer_ms = summarize(time_steps(workload.step, warmup, steps, workload.device))["mean_ms"]
-    activities = [ProfilerActivity.CPU]
-    if torch.device(workload.device).type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            workload.step()
-            synchronize(workload.device)
-    return list(prof.events()), timer_ms
+def report(kernels, summary, config: KernelsConfig) -> None:
+    """Write both tables (kernel names cut at 120 characters) under ``config.out``."""
+    from harness.results import write_table
+
+    from .kernel_attribution import short_names
+
+    write_table(short_names(kernels, 120), Path(config.out) / config.name)
+    write_table(short_names(summary, 120), Path(config.out) / f"{config.name}-summary")
 
 
-def _on_cpu(event) -> bool:
-    return getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU
-
-
-def gpu_launches(events: list) -> list[tuple[float | None, str, float]] | None:
-    """``(CPU start of the launching CUDA call, kernel name, GPU µs)`` of every GPU activity, each once
-    (start None where the launch call is not in the profile); None when there is no GPU activity."""
-    device = [e for e in events if not _on_cpu(e) and not getattr(e, "is_user_annotation", False)]
-    if not device:
-        return None
-    launch_start = {e.id: e.time_range.start for e in events if _on_cpu(e) and LAUNCH_API.match(e.name)}
-    return [(launch_start.get(e.id), e.name, e.time_range.end - e.time_range.start) for e in device]
-
-
-def attribute_kernels(events: list, steps: int, range_names: set[str] | None = None) -> pd.DataFrame:
-    """Long table: ``range, kernel, calls_per_step, ms_per_step`` from profiler ``events``.
-
-    ``range_names`` are the range families to use (default: every family this package opens).
-    On a CPU-only run each operator's own CPU time stands in for a kernel.
-    """
-    families = range_names or {"forward", "backward", "optimizer_step", "block",
-                               "attention.scores", "attention.softmax", "attention.weighted_sum"}
-    # CPU-side ranges only: the profiler also draws each range on the GPU timeline (from its first to
-    # its last kernel), and those spans lag behind the CPU and would swallow later launches.
-    spans = [(e.time_range.start, e.time_range.end, range_family(e.name))
-             for e in events if range_family(e.name) in families
-             and getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU]
-    launches = gpu_launches(events)
-    if launches is None:  # CPU only: leaf operators as "kernels"
-        launches = [(e.time_range.start, e.name, e.self_cpu_time_total) for e in events
-                    if e.name.startswith("aten::") and not e.cpu_children]
-    records: dict[tuple[str, str], list[float]] = {}
-    for start, name, duration_us in launches:
-        owners = {family for lo, hi, family in spans if start is not None and lo <= start <= hi} or {OUTSIDE}
-        for family in owners:
-            rec = records.setdefault((family, name), [0, 0.0])
-            rec[0] += 1
-            rec[1] += duration_us
-    rows = [{"range": r, "kernel": k, "calls_per_step": c / steps, "ms_per_step": us / steps / 1e3}
-            for (r, k), (c, us) in records.items()]
-    df = pd.DataFrame(rows, columns=["range", "kernel", "calls_per_step", "ms_per_step"])
-    if df.empty:
-        return df
-    df["share_pct"] = 100 * df["ms_per_step"] / df.groupby("range")["ms_per_step"].transform("sum")
-    df["matmul"] = df["kernel"].map(is_matmul)
-    return df.sort_values(["range", "ms_per_step"], ascending=[True, False], ignore_index=True)
-
-
-def summarize_ranges(kernels: pd.DataFrame) -> pd.DataFrame:
-    """One row per range: GPU ms per step, kernel count, top kernel and its share, matmul share."""
-    rows = []
-    for name, group in kernels.groupby("range", sort=False):
-        total = group["ms_per_step"].sum()
-        top = group.iloc[0]
-        matmul_ms = group.loc[group["matmul"], "ms_per_step"].sum()
-        rows.append({
-            "range": name, "gpu_ms_per_step": total,
-            "kernel_launches_per_step": group["calls_per_step"].sum(),
-            "top_kernel": top["kernel"], "top_calls_per_step": top["calls_per_step"],
-            "top_share_pct": top["share_pct"],
-            "matmul_share_pct": 100 * matmul_ms / total if total else 0.0,
-        })
-    return pd.DataFrame(rows)
-
-
-def short_names(df: pd.DataFrame, width: int = 80) -> pd.DataFrame:
-    """Truncate kernel names for Markdown tables."""
-    out = df.copy()
-    for col in ("kernel", "top_kernel"):
-        if col in out:
-            out[col] = out[col].map(lambda s: s if len(s) <= width else s[: width - 1] + "…")
-    return out
-
-
-def profile_config(preset: str, context: int, mode: str, dtype: str, steps: int, warmup: int,
-                   device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Kernel table and range summary of one configuration (columns tagged with it)."""
-    config = resolve_config(preset, context_length=context)
-    workload = Workload(config, mode, dtype, device=device)
-    try:
-        events, timer_ms = profile_steps(workload, steps, warmup)
-    finally:
-        workload.close()
-    kernels = attribute_kernels(events, steps)
-    summary = summarize_ranges(kernels)
-    tag = {"size": preset, "context": context, "mode": mode, "dtype": dtype}
-    summary.insert(0, "python_timer_step_ms", timer_ms)
-    for df in (kernels, summary):
-        for i, (k, v) in enumerate(tag.items()):
-            df.insert(i, k, v)
-    return kernels, summary
+def parse_args(argv: list[str] | None = None) -> KernelsConfig:
+    p = command_parser("python -m profiling.kernels", __doc__)
+    add_list(p, "--sizes", str, ["small"], "model presets")
+    add_list(p, "--contexts", positive_int, [512], "context lengths")
+    add_list(p, "--modes", str, ["forward", "train"], "modes", choices=MODES)
+    add_dtypes(p, ["fp32"])
+    add_steps(p, steps=3, warmup=2)
+    add_device(p)
+    add_out(p)
+    p.add_argument("--name", default="kernels", help="file stem: <name>.csv/.md and <name>-summary.csv/.md")
+    args = p.parse_args(argv)
+    return KernelsConfig(
+        tuple(args.sizes),
+        tuple(args.contexts),
+        tuple(args.modes),
+        tuple(args.dtypes),
+        args.steps,
+        args.warmup,
+        resolve_device(args.device),
+        args.out,
+        args.name,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m profiling.kernels", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="small", help="comma-separated presets (default small)")
-    p.add_argument("--contexts", default="512", help="comma-separated context lengths (default 512)")
-    p.add_argument("--modes", default="forward,train", help=f"comma-separated, from {MODES}")
-    p.add_argument("--dtype", default="fp32", help="fp32 or bf16 (autocast); default fp32")
-    p.add_argument("--steps", type=int, default=3, help="profiled steps (default 3)")
-    p.add_argument("--warmup", type=int, default=2, help="unprofiled warm-up steps (default 2)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
-    p.add_argument("--out", default="results", help="output folder (default results)")
-    p.add_argument("--name", default="kernels", help="file stem: <name>.csv/.md and <name>-summary.csv/.md")
-    args = p.parse_args(argv)
-    all_kernels, all_summaries = [], []
-    for size in args.sizes.split(","):
-        for context in (int(c) for c in args.contexts.split(",")):
-            for mode in args.modes.split(","):
-                kernels, summary = profile_config(size, context, mode, args.dtype, args.steps, args.warmup,
-                                                  args.device)
-                all_kernels.append(kernels)
-                all_summaries.append(summary)
-                print(short_names(summary).to_markdown(index=False, floatfmt=".3g"))
-    kernels, summary = pd.concat(all_kernels), pd.concat(all_summaries)
-    out = Path(args.out)
-    write_table(short_names(kernels, 120), out / args.name)
-    write_table(short_names(summary, 120), out / f"{args.name}-summary")
+    config = parse_args(argv)
+    report(*measure(config), config)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import nvtx
 import torch
+from harness.timing import abba_rounds, compare_paired, synced_mean
 from torch import Tensor, nn
 
 _enabled = True
@@ -133,3 +135,26 @@ def annotate_blocks(model: nn.Module) -> list[torch.utils.hooks.RemovableHandle]
         handles.append(block.register_forward_pre_hook(pre))
         handles.append(block.register_forward_hook(post))
     return handles
+
+
+def range_overhead(step: Callable[[], None], steps: int, rounds: int, device: torch.device | str) -> dict:
+    """Step time with the ranges on and off, in ``rounds`` alternating rounds of ``steps`` steps.
+
+    Rounds alternate on/off then off/on (ABBA, :func:`harness.timing.abba_rounds`), so slow drift
+    (clocks, temperature) cancels; each round starts with one untimed step. Returns the median round
+    mean of each (``ranges_on_ms``, ``ranges_off_ms``) and the comparison of
+    :func:`harness.timing.compare_paired` (on against off): an overhead below about twice
+    ``noise_pct``, or inside the median's interval around 0, is not resolved.
+    """
+    was_on = enabled()
+
+    def measure(flag: bool) -> float:
+        set_enabled(flag)
+        return synced_mean(step, steps, device)[0]
+
+    try:
+        on, off = abba_rounds(measure, rounds)
+    finally:
+        set_enabled(was_on)
+    return {"ranges_on_ms": statistics.median(on) * 1e3, "ranges_off_ms": statistics.median(off) * 1e3,
+            "steps_each": rounds * steps, **compare_paired(on, off)}  # fmt: skip

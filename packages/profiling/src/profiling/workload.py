@@ -18,11 +18,10 @@ from cs336_basics import AdamW, ModelConfig, build_model, cross_entropy, get_pre
 from torch import Tensor, nn
 
 from . import ranges
-from .checkpointing import CheckpointedLM, parse_strategy
+from .checkpointing import CheckpointedLM
+from .options import ATTENTIONS, MODES, parse_strategy
 
-MODES = ("forward", "forward-backward", "train")
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-ATTENTIONS = ("naive", "flash")
 
 
 def attention_function(name: str) -> Callable[[Tensor, Tensor, Tensor, bool], Tensor]:

@@ -1,0 +1,96 @@
+"""Tile shapes of the Triton kernels: one :class:`KernelConfigs` per (padded head dim, 16-bit or fp32).
+
+Head dims run in the next power-of-two tile (80 and 96 in 128, 192 in 256). The (128, 16-bit) entry won every
+candidate list of ``python -m flashattn.tune`` on an H200 at (1, 32, 16384, 128); the fp32 entries for 128 and
+64 won ``flashattn.tune --dtype fp32 --seq 4096`` (tf32x3 dots, 3-40x faster than the best IEEE tiles); the
+others follow the same reasoning. At 256 the tiles are chosen to fit shared memory (:func:`shared_bytes`
+against :data:`SHARED_MEMORY_BYTES`) with the fp32 accumulators in registers: forward 64 queries by 64 keys,
+dK/dV 64 keys against 32-query steps, dQ 64 queries against 32-key steps (fp32: half, unpipelined).
+"""
+
+import contextlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+SHARED_MEMORY_BYTES = 227 * 1024  # one Hopper thread block's opt-in maximum
+X3 = "tf32x3"
+
+
+class TileConfig(NamedTuple):
+    """Launch shape of one kernel: ``block_m`` query and ``block_n`` key positions per tile.
+
+    ``fp32_dot`` is how fp32 inputs multiply: ``"ieee"`` (exact fp32 products on the FMA units) or
+    ``"tf32x3"`` (each operand split into two TF32 parts, three tensor-core products: about fp32's
+    accuracy). 16-bit inputs ignore it.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    fp32_dot: str = "ieee"
+
+
+class KernelConfigs(NamedTuple):
+    """One :class:`TileConfig` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``."""
+
+    forward: TileConfig
+    dkdv: TileConfig
+    dq: TileConfig
+
+
+T = TileConfig
+_CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
+    (256, True): KernelConfigs(T(64, 64, 4, 2), T(32, 64, 8, 2), T(64, 32, 8, 2)),
+    (128, True): KernelConfigs(T(128, 64, 8, 3), T(64, 128, 8, 3), T(128, 64, 8, 3)),
+    (64, True): KernelConfigs(T(128, 64, 4, 3), T(64, 128, 8, 3), T(128, 64, 8, 3)),
+    (32, True): KernelConfigs(T(128, 64, 4, 3), T(64, 64, 4, 3), T(64, 64, 4, 3)),
+    (16, True): KernelConfigs(T(128, 64, 4, 3), T(64, 64, 4, 3), T(64, 64, 4, 3)),
+    (256, False): KernelConfigs(T(64, 32, 4, 1, X3), T(16, 32, 4, 2, X3), T(32, 32, 4, 1, X3)),
+    (128, False): KernelConfigs(T(128, 32, 8, 2, X3), T(32, 32, 4, 2, X3), T(64, 32, 4, 2, X3)),
+    (64, False): KernelConfigs(T(128, 64, 8, 2, X3), T(32, 128, 8, 2, X3), T(128, 32, 8, 2, X3)),
+    (32, False): KernelConfigs(T(128, 64, 8, 2, X3), T(32, 128, 8, 2, X3), T(128, 32, 8, 2, X3)),
+    (16, False): KernelConfigs(T(128, 64, 8, 2, X3), T(32, 128, 8, 2, X3), T(128, 32, 8, 2, X3)),
+}
+_pinned: KernelConfigs | None = None
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The power-of-two tile width a head dim runs in (at least 16)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def configs_for(head_dim: int, dtype) -> KernelConfigs:
+    """The tile table's entry for ``head_dim`` and ``dtype``, or the one pinned by :func:`pinned_configs`."""
+    if _pinned is not None:
+        return _pinned
+    return _CONFIGS[(padded_head_dim(head_dim), dtype.itemsize < 4)]  # fp16 / bf16, or fp32
+
+
+def table() -> dict[tuple[int, bool], KernelConfigs]:
+    """A copy of the tile table, keyed by (padded head dim, 16-bit?)."""
+    return dict(_CONFIGS)
+
+
+def shared_bytes(kernel: str, cfg: TileConfig, head_dim: int, itemsize: int) -> int:
+    """Shared memory of a kernel's pipelined tiles: the tile it keeps plus ``num_stages`` of what it streams.
+
+    Forward keeps ``q`` and streams ``k, v``; dQ keeps ``q, dO`` and streams ``k, v``; dK/dV keeps ``k, v``
+    and streams ``q, dO``; plus one probability tile for the second dot.
+    """
+    d = padded_head_dim(head_dim)
+    kept, streamed = {"forward": (1, 2), "dq": (2, 2), "dkdv": (2, 2)}[kernel]
+    own, other = (cfg.block_n, cfg.block_m) if kernel == "dkdv" else (cfg.block_m, cfg.block_n)
+    elements = kept * own * d + cfg.num_stages * streamed * other * d + own * other
+    return elements * itemsize
+
+
+@contextlib.contextmanager
+def pinned_configs(configs: KernelConfigs) -> Iterator[None]:
+    """Use ``configs`` for every launch inside the ``with`` block (tests pin one, to be reproducible)."""
+    global _pinned
+    previous, _pinned = _pinned, configs
+    try:
+        yield
+    finally:
+        _pinned = previous

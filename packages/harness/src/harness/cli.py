@@ -1,0 +1,112 @@
+"""One command-line grammar for every benchmark: the same names for the same things, lists as repeated values.
+
+    p = command_parser("python -m pkg.bench", __doc__)
+    add_list(p, "--seqs", int, [512, 1024], "sequence lengths")   # --seqs 512 1024
+    add_steps(p, steps=10, warmup=5)                               # --steps, --warmup
+    add_dtypes(p, ["fp32", "bf16"])                                 # --dtypes fp32 bf16
+    add_out(p, "results")                                           # --out
+    add_device(p)                                                   # --device (auto: cuda when present)
+
+Imports nothing heavy (no torch, no pandas), so a command that parses its arguments first answers
+``--help`` at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+
+
+def command_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A parser named ``prog`` whose description is the first paragraph of ``doc``; defaults shown in help."""
+    description = (doc or "").strip().split("\n\n")[0]
+    return argparse.ArgumentParser(prog=prog, description=description,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+
+
+def _checked(cast: Callable[[str], Any], test: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    convert.__name__ = expected  # argparse names the type in its messages
+    return convert
+
+
+positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _checked(float, lambda v: v > 0 and v != float("inf"), "a positive finite number")
+
+
+def _one_value(cast: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
+    """``cast``, refusing the comma-separated form with a message that shows the repeated one."""
+
+    def convert(text: str) -> Any:
+        if "," in text:
+            spaced = " ".join(part for part in text.split(",") if part)
+            raise argparse.ArgumentTypeError(f"give the values separated by spaces: {flag} {spaced}")
+        return cast(text)
+
+    convert.__name__ = getattr(cast, "__name__", "value")
+    return convert
+
+
+def add_list(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    type: Callable[[str], Any] = str,
+    default: Sequence | None = None,
+    help: str = "",
+    choices: Sequence | None = None,
+    required: bool = False,
+) -> argparse.Action:
+    """``flag`` taking one or more values separated by spaces (``--seqs 512 1024``); a list after parsing."""
+    return parser.add_argument(flag, nargs="+", type=_one_value(type, flag), choices=choices,
+                               default=None if default is None else list(default), required=required,
+                               help=help)  # fmt: skip
+
+
+def add_out(
+    parser: argparse.ArgumentParser, default: str = "results", help: str = "folder the result files go to"
+) -> argparse.Action:
+    """``--out``: the folder results are written to (never docs/ unless asked)."""
+    return parser.add_argument("--out", default=default, help=help)
+
+
+def add_steps(parser: argparse.ArgumentParser, steps: int, warmup: int) -> None:
+    """``--steps`` (measured, >= 1) and ``--warmup`` (untimed before measuring, >= 0)."""
+    parser.add_argument("--steps", type=positive_int, default=steps, help="measured steps")
+    parser.add_argument("--warmup", type=non_negative_int, default=warmup,
+                        help="untimed steps before measuring")  # fmt: skip
+
+
+def add_dtypes(
+    parser: argparse.ArgumentParser,
+    default: Sequence[str],
+    choices: Sequence[str] = DTYPE_NAMES,
+    help: str = "precisions: fp32, or bf16 / fp16 autocast",
+) -> argparse.Action:
+    """``--dtypes`` as repeated values from ``choices``."""
+    return add_list(parser, "--dtypes", str, default, help, choices=choices)
+
+
+def add_device(parser: argparse.ArgumentParser, default: str = "auto") -> argparse.Action:
+    """``--device``: a torch device name, or ``auto`` (cuda when present; see :func:`resolve_device`)."""
+    return parser.add_argument("--device", default=default, help="torch device; auto: cuda when present")
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; other names unchanged (imports torch)."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,89 @@
+import subprocess
+import sys
+import time
+
+import pytest
+from harness.cli import (
+    add_device,
+    add_dtypes,
+    add_list,
+    add_out,
+    add_steps,
+    command_parser,
+    positive_float,
+    positive_int,
+    resolve_device,
+)
+
+
+def _parser():
+    p = command_parser("python -m demo", "Demo benchmark.\n\nMore text that is not the description.")
+    add_list(p, "--seqs", int, [512, 1024], "sequence lengths")
+    add_steps(p, steps=10, warmup=3)
+    add_dtypes(p, ["fp32", "bf16"])
+    add_out(p)
+    add_device(p)
+    return p
+
+
+def test_defaults_and_repeated_values():
+    args = _parser().parse_args([])
+    assert (args.seqs, args.steps, args.warmup, args.dtypes, args.out, args.device) == (
+        [512, 1024],
+        10,
+        3,
+        ["fp32", "bf16"],
+        "results",
+        "auto",
+    )
+    argv = ["--seqs", "17", "97", "1", "--dtypes", "fp16", "--steps", "1", "--warmup", "0"]
+    args = _parser().parse_args(argv)
+    assert args.seqs == [17, 97, 1] and args.dtypes == ["fp16"] and (args.steps, args.warmup) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seqs", "512,1024"], "separated by spaces: --seqs 512 1024"),
+        (["--steps", "0"], "expected a positive integer, got '0'"),
+        (["--warmup", "-1"], "expected an integer >= 0"),
+        (["--steps", "abc"], "--steps"),
+        (["--dtypes", "fp8"], "invalid choice: 'fp8'"),
+    ],
+)
+def test_bad_values_name_the_flag_and_what_was_expected(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        _parser().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_checked_types():
+    assert positive_int("7") == 7 and positive_float("0.5") == 0.5
+    for bad in ("0", "-3", "1.5"):
+        with pytest.raises(Exception, match="positive integer"):
+            positive_int(bad)
+    for bad in ("0", "-1", "inf", "nan", "x"):
+        with pytest.raises(Exception, match="positive finite"):
+            positive_float(bad)
+
+
+def test_help_shows_description_and_defaults(capsys):
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "Demo benchmark." in out and "More text" not in out and "(default: [512, 1024])" in out
+
+
+def test_resolve_device():
+    import torch
+
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_cli_module_imports_nothing_heavy():
+    code = "import sys, harness.cli, harness.progress; print(sorted({'torch', 'pandas'} & set(sys.modules)))"
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    assert time.perf_counter() - start < 10
