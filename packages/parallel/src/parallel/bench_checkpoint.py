@@ -154,9 +154,10 @@ def main(argv: list[str] | None = None):
 
     import pandas as pd
     import torch
+    from harness.environment import environment, header_markdown
+    from harness.results import atomic_write_text, to_markdown, write_table
 
     from parallel.launch import spawn
-    from parallel.report import environment, markdown_table, write_csv, write_text
 
     if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
         raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")
@@ -168,10 +169,10 @@ def main(argv: list[str] | None = None):
         shutil.rmtree(args.dir, ignore_errors=True)
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(df, args.out / "checkpoint.csv")
-    env = ", ".join(f"{k} {v}" for k, v in environment().items())
-    write_text(args.out / "checkpoint.md", f"{env}\n\n{markdown_table(df)}\n")
-    print(markdown_table(df))
+    env = environment()
+    write_table(df, args.out / "checkpoint", formats=("csv", "json"), header=env)
+    atomic_write_text(args.out / "checkpoint.md", f"{header_markdown(env)}\n\n{to_markdown(df)}\n")
+    print(to_markdown(df))
     return df
 
 

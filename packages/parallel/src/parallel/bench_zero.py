@@ -29,9 +29,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from harness.environment import environment, header_markdown
+from harness.results import atomic_write_text, to_markdown, write_table
+from harness.timing import Marks
 
 from parallel.launch import spawn
-from parallel.report import environment, markdown_table, write_csv, write_text
 from parallel.zero import ShardedOptimizer
 
 GIB = 2**30
@@ -84,15 +86,15 @@ def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> di
     times, memory = [], {}
     for step in range(warmup + steps):
         torch.cuda.reset_peak_memory_stats()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        marks = Marks(device)
+        marks.mark()
         cross_entropy(ddp(x), y).backward()
         torch.cuda.synchronize()
         memory["before_step_alloc"] = torch.cuda.memory_allocated() - base
         memory["before_step_peak"] = torch.cuda.max_memory_allocated() - base
         torch.cuda.reset_peak_memory_stats()
         optimizer.step()
-        end.record()
+        marks.mark()
         torch.cuda.synchronize()
         memory["after_step_alloc"] = torch.cuda.memory_allocated() - base
         memory["after_step_peak"] = torch.cuda.max_memory_allocated() - base
@@ -104,7 +106,7 @@ def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> di
             memory["optimizer_state"] = _tensor_bytes([v for v in state if v.dim() > 0])
         optimizer.zero_grad(set_to_none=False)
         if step >= warmup:
-            times.append(start.elapsed_time(end))
+            times.append(marks.elapsed_ms(0, 1))
     del ddp, model, optimizer
     gc.collect()
     torch.cuda.empty_cache()
@@ -181,10 +183,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for mode in MODES
     ]
     df = _table(args.preset, args.world_size, per_mode)
-    write_csv(df, args.out / "zero.csv")
-    env = ", ".join(f"{k} {v}" for k, v in environment().items())
-    write_text(args.out / "zero.md", f"{env}\n\n{markdown_table(df)}\n")
-    print(markdown_table(df[["mode", "rank", "step_ms", "vs_unsharded", "after_model_GiB",
+    env = environment()
+    write_table(df, args.out / "zero", formats=("csv", "json"), header=env)
+    atomic_write_text(args.out / "zero.md", f"{header_markdown(env)}\n\n{to_markdown(df)}\n")
+    print(to_markdown(df[["mode", "rank", "step_ms", "vs_unsharded", "after_model_GiB",
                              "before_step_peak_GiB", "after_step_peak_GiB", "optimizer_state_GiB",
                              "expected_optimizer_state_GiB"]]))
     return df

@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None):
     args = parser.parse_args(argv)
 
     import pandas as pd
+    from harness.environment import environment, header_markdown
+    from harness.results import atomic_write_text, to_markdown, write_table
 
     from parallel.launch import spawn
-    from parallel.report import environment, markdown_table, write_csv, write_text
 
     print(f"{args.layers} x Linear({args.width}, {args.width}) on {args.world_size} {args.backend} "
           f"processes, {args.rounds} rounds", flush=True)
@@ -155,10 +156,10 @@ def main(argv: list[str] | None = None):
     df["bytes_vs_broadcast"] = df["bytes_sent_per_rank_MB"] / reference["bytes_sent_per_rank_MB"]
     df["time_vs_broadcast"] = df["step_ms_median"] / reference["step_ms_median"]
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(df, args.out / "zero-modes.csv")
-    env = ", ".join(f"{k} {v}" for k, v in environment().items())
-    write_text(args.out / "zero-modes.md", f"{env}\n\n{markdown_table(df)}\n")
-    print(markdown_table(df))
+    env = environment()
+    write_table(df, args.out / "zero-modes", formats=("csv", "json"), header=env)
+    atomic_write_text(args.out / "zero-modes.md", f"{header_markdown(env)}\n\n{to_markdown(df)}\n")
+    print(to_markdown(df))
     return df
 
 
