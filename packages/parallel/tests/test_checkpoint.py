@@ -69,6 +69,8 @@ def _assert_close(full, reference):
 def test_saved_on_n_ranks_resumes_on_m_ranks_and_in_plain_process(tmp_path, lm, kind, saved_on, loaded_on):
     path = tmp_path / "ckpt"
     spawn(_train_and_save, saved_on, kind, lm, path, 2, timeout=120)
+    for rank in range(saved_on):  # every rank wrote its own part
+        assert sum(f.stat().st_size for f in path.glob(f"__{rank}_*.distcp")) > 1000, rank
     reference = _reference(lm, 3)
     resumed = spawn(_load_and_continue, loaded_on, kind, lm, path, 2, timeout=120)
     for rank, (extra, full) in enumerate(resumed):
