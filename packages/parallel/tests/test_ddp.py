@@ -151,8 +151,9 @@ def _no_sync_accumulates(rank, world_size):
                 torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-11, msg=f"{variant}: {name}")
 
 
-def test_no_sync_accumulates_then_averages():
-    spawn(_no_sync_accumulates, 2, timeout=120)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_no_sync_accumulates_then_averages(world_size):
+    spawn(_no_sync_accumulates, world_size, timeout=120)
 
 
 def _construction_broadcasts(rank, world_size):
@@ -267,6 +268,8 @@ def test_second_backward_without_no_sync_raises():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="bucket_size_mb"):
         BucketedDDP(MLP(), bucket_size_mb=0)
+    with pytest.raises(ValueError, match="bucket_size_mb"):
+        BucketedDDP(MLP(), bucket_size_mb="25")
     with pytest.raises(RuntimeError, match="process group"):
         NaiveDDP(MLP())
     with pytest.raises(TypeError, match="module"):

@@ -62,10 +62,10 @@ OPTIMIZERS = {
 }
 
 
-def _train_against_reference(rank, world_size, name, steps):
+def _train_against_reference(rank, world_size, name, steps, mode):
     cls, kwargs = OPTIMIZERS[name]
     model, reference = _toy(), _toy()
-    sharded = ShardedOptimizer(model.parameters(), cls, **kwargs)
+    sharded = ShardedOptimizer(model.parameters(), cls, mode=mode, **kwargs)
     plain = cls(reference.parameters(), **kwargs)
     for step in range(steps):
         _averaged_grads(model, rank, step)
@@ -82,9 +82,11 @@ def _train_against_reference(rank, world_size, name, steps):
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_equals_unsharded_after_ten_steps(world_size, name):
-    results = spawn(_train_against_reference, world_size, name, 10, timeout=120)
+@pytest.mark.parametrize(("name", "mode"), [("torch_adamw", "reduce_scatter"), ("sgd_momentum", "broadcast"),
+                                            ("basics_adamw", "reduce_scatter"), ("torch_adamw", "broadcast")])
+def test_equals_unsharded_after_ten_steps(world_size, name, mode):
+    """Averaged gradients in: both modes (averaging an average changes nothing)."""
+    results = spawn(_train_against_reference, world_size, name, 10, mode, timeout=120)
     for diff, owned, largest, total, _ in results:
         assert diff < 1e-6
         assert abs(owned - total / world_size) <= largest  # ~1/N of the state, within one parameter
@@ -95,6 +97,40 @@ def test_equals_unsharded_after_ten_steps(world_size, name):
             assert (a == b).all()
     # state is spread over ranks: each rank owns something, together everything, once
     assert sum(owned for _, owned, *_ in results) == results[0][3]
+
+
+def _local_gradients(rank, world_size, mode_steps):
+    """True ZeRO-1: each rank passes its own batch's gradient; the optimizer averages by reduce-scatter."""
+    model = _toy(seed=rank)  # different initial values: construction broadcasts rank 0's
+    reference = _toy(seed=0)
+    sharded = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=3e-2, weight_decay=0.1)
+    plain = torch.optim.AdamW(reference.parameters(), lr=3e-2, weight_decay=0.1)
+    for step in range(mode_steps):
+        gen = torch.Generator().manual_seed(step)
+        ids = torch.randint(0, VOCAB, (3 * world_size, 7), generator=gen)
+        for net, rows in ((model, ids[3 * rank:3 * rank + 3]), (reference, ids)):
+            logits = net(rows).flatten(0, 1)
+            nn.functional.cross_entropy(logits, rows.roll(1, -1).flatten()).backward()
+        sharded.step()
+        plain.step()
+        sharded.zero_grad()
+        plain.zero_grad()
+    return _max_diff(model, reference), [p.detach().numpy().copy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_reduce_scatter_mode_on_local_gradients_equals_unsharded_adamw(world_size):
+    results = spawn(_local_gradients, world_size, 6, timeout=120)
+    for diff, params in results:
+        assert diff < 2e-6
+        for a, b in zip(results[0][1], params, strict=True):
+            assert (a == b).all()  # the all-gather leaves every rank with the same parameters
+
+
+def test_rejects_unknown_mode():
+    with pytest.raises(Exception, match="mode must be one of reduce_scatter, broadcast"):
+        spawn(lambda rank, world_size: ShardedOptimizer(_toy().parameters(), torch.optim.SGD, mode="x"),
+              1, timeout=30)
 
 
 def _add_group_mid_training(rank, world_size):

@@ -32,12 +32,15 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.environment import environment, header_markdown
+from harness.results import atomic_write_text, to_markdown, write_table
+from harness.timing import Marks
+from harness.trace import activities, export_trace, load_trace
 
 from parallel.bench_zero import parse_run_arguments, random_batch, sdpa
 from parallel.fsdp import FSDP
 from parallel.launch import spawn
-from parallel.report import environment, markdown_table, write_csv, write_text
-from parallel.trace_plot import load_trace, plot_timelines
+from parallel.trace_plot import plot_timelines
 
 GIB = 2**30
 IMPLS = ("ours", "fsdp2")
@@ -114,18 +117,13 @@ def _step(model, optimizer, finish, x, y) -> None:
 
 
 def _profile(step, path: Path | None) -> None:
-    """One profiled step (the model is warm already); rank 0 writes the Chrome trace (gzipped by torch for a
-    ``.gz`` name), to a temporary name first."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """One profiled step (the model is warm already); rank 0 writes the gzipped Chrome trace."""
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(activities=activities("cuda")) as prof:
         step()
         torch.cuda.synchronize()
     if path is not None:
-        part = path.with_name(path.name.removesuffix(".json.gz") + ".part.json.gz")
-        prof.export_chrome_trace(str(part))
-        part.replace(path)
+        export_trace(prof, path)
 
 
 def _run(impl: str, preset: str, batch: int, warmup: int, steps: int, out: Path) -> dict:
@@ -138,20 +136,19 @@ def _run(impl: str, preset: str, batch: int, warmup: int, steps: int, out: Path)
     base = torch.cuda.memory_allocated()
     model, optimizer, finish, timer = _build(impl, config, device)
     x, y = random_batch(config, batch, device)
-    times = []
+    marks = Marks(device)
     for i in range(warmup + steps):
         if i == warmup:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if timer is not None:
             timer.log.clear()  # keep the last step's gathers
-        start.record()
+        marks.mark()
         _step(model, optimizer, finish, x, y)
-        end.record()
-        times.append((start, end))
+        marks.mark()
     torch.cuda.synchronize()
-    result = dict(impl=impl, times=[s.elapsed_time(e) for s, e in times[warmup:]],
+    timed = range(warmup, warmup + steps)
+    result = dict(impl=impl, times=[marks.elapsed_ms(2 * i, 2 * i + 1) for i in timed],
                   peak=torch.cuda.max_memory_allocated() - base)
     if timer is not None:
         result["gathers"] = timer.slack()
@@ -245,13 +242,14 @@ def main(argv: list[str] | None = None) -> pd.DataFrame | None:
                      args.out, backend="nccl", timeout=args.timeout)
     df, gathers = _tables(args.preset, args.batch_size, args.world_size, per_rank)
     summary = gather_summary(gathers)
-    write_csv(df, args.out / "fsdp.csv")
-    write_csv(gathers, args.out / "fsdp-gathers.csv")
-    env = ", ".join(f"{k} {v}" for k, v in environment().items())
-    write_text(args.out / "fsdp.md", f"{env}\n\n{markdown_table(df)}\n\n{markdown_table(summary)}\n")
+    env = environment()
+    write_table(df, args.out / "fsdp", formats=("csv", "json"), header=env)
+    write_table(gathers, args.out / "fsdp-gathers", formats=("csv",))
+    atomic_write_text(args.out / "fsdp.md",
+                      f"{header_markdown(env)}\n\n{to_markdown(df)}\n\n{to_markdown(summary)}\n")
     plot_step_timelines(args.out, title)
-    print(markdown_table(summary))
-    print(markdown_table(df))
+    print(to_markdown(summary))
+    print(to_markdown(df))
     return df
 
 

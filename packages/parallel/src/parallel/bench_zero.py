@@ -5,7 +5,8 @@
 Each rank builds the preset in fp32 (``cs336_basics``, SDPA attention), wraps it in torch's
 ``DistributedDataParallel(gradient_as_bucket_view=True)`` (so gradients live in its buckets, one copy) and
 trains with ``torch.optim.AdamW`` either plainly (``unsharded``) or through ``parallel.ShardedOptimizer``
-(``zero1``), on a fixed random batch of ``--batch-size`` sequences of the preset's context per GPU.
+(``zero1``, ``mode="broadcast"``: DDP averages the gradients), on a fixed random batch of ``--batch-size``
+sequences of the preset's context per GPU. (``python -m parallel.bench_zero_modes`` compares the two modes.)
 
 Memory (``torch.cuda`` allocator, per rank, GiB): allocated after model creation; allocated and peak just
 before the optimizer step (after backward) and just after it, in the last timed step; and the bytes of
@@ -28,9 +29,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from harness.environment import environment, header_markdown
+from harness.results import atomic_write_text, to_markdown, write_table
+from harness.timing import Marks
 
 from parallel.launch import spawn
-from parallel.report import environment, markdown_table, write_csv, write_text
 from parallel.zero import ShardedOptimizer
 
 GIB = 2**30
@@ -76,22 +79,22 @@ def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> di
                                                     gradient_as_bucket_view=True)
     after_model = torch.cuda.memory_allocated() - base
     if mode == "zero1":
-        optimizer = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-5)
+        optimizer = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, mode="broadcast", lr=1e-5)
     else:
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-5)
     x, y = random_batch(config, batch, device)
     times, memory = [], {}
     for step in range(warmup + steps):
         torch.cuda.reset_peak_memory_stats()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        marks = Marks(device)
+        marks.mark()
         cross_entropy(ddp(x), y).backward()
         torch.cuda.synchronize()
         memory["before_step_alloc"] = torch.cuda.memory_allocated() - base
         memory["before_step_peak"] = torch.cuda.max_memory_allocated() - base
         torch.cuda.reset_peak_memory_stats()
         optimizer.step()
-        end.record()
+        marks.mark()
         torch.cuda.synchronize()
         memory["after_step_alloc"] = torch.cuda.memory_allocated() - base
         memory["after_step_peak"] = torch.cuda.max_memory_allocated() - base
@@ -103,7 +106,7 @@ def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> di
             memory["optimizer_state"] = _tensor_bytes([v for v in state if v.dim() > 0])
         optimizer.zero_grad(set_to_none=False)
         if step >= warmup:
-            times.append(start.elapsed_time(end))
+            times.append(marks.elapsed_ms(0, 1))
     del ddp, model, optimizer
     gc.collect()
     torch.cuda.empty_cache()
@@ -180,10 +183,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for mode in MODES
     ]
     df = _table(args.preset, args.world_size, per_mode)
-    write_csv(df, args.out / "zero.csv")
-    env = ", ".join(f"{k} {v}" for k, v in environment().items())
-    write_text(args.out / "zero.md", f"{env}\n\n{markdown_table(df)}\n")
-    print(markdown_table(df[["mode", "rank", "step_ms", "vs_unsharded", "after_model_GiB",
+    env = environment()
+    write_table(df, args.out / "zero", formats=("csv", "json"), header=env)
+    atomic_write_text(args.out / "zero.md", f"{header_markdown(env)}\n\n{to_markdown(df)}\n")
+    print(to_markdown(df[["mode", "rank", "step_ms", "vs_unsharded", "after_model_GiB",
                              "before_step_peak_GiB", "after_step_peak_GiB", "optimizer_state_GiB",
                              "expected_optimizer_state_GiB"]]))
     return df

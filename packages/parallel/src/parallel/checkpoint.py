@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.planner_helpers import (
     create_read_items_for_chunk_list,
 )
 
+from parallel.consistency import all_ranks_ok
 from parallel.ddp import _DataParallel
 from parallel.fsdp import FSDP
 from parallel.fsdp_state import persistent_buffers
@@ -191,16 +192,6 @@ def _unpickled(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _all_agree(ok: bool) -> bool:
-    """True on every rank if ``ok`` is true on every rank (one small all-reduce)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return ok
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    flag = torch.tensor(int(ok), device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
@@ -254,7 +245,7 @@ def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
         state = _save_state(model, optimizer, extra)
     except Exception as err:
         failure = err
-    if not _all_agree(failure is None):
+    if not all_ranks_ok(failure is None):
         if failure is not None:
             raise failure
         raise RuntimeError("save_sharded: another rank failed to prepare its state (see its error)")

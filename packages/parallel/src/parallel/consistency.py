@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-__all__ = ["check_same_model"]
+__all__ = ["all_ranks_ok", "check_same_model"]
 
 Description = list[tuple[str, tuple[int, ...], str]]
 
@@ -64,3 +64,14 @@ def check_same_model(model: nn.Module | Iterable[Tensor], who: str,
     raise ValueError(
         f"{who}: ranks hold different models (parameters and buffers per rank: {counts}); rank 0 vs rank "
         f"{other}, first difference at {_first_difference(descriptions[0], descriptions[other])}")
+
+
+def all_ranks_ok(ok: bool) -> bool:
+    """True on every rank if ``ok`` is true on every rank (one small all-reduce; collective), so that a
+    failure on one rank makes all fail together instead of leaving the others waiting for it."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return ok
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    flag = torch.tensor(int(ok), device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())

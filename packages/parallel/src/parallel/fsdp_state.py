@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from parallel.consistency import all_ranks_ok
 from parallel.fsdp_units import Piece, Unit
 
 
@@ -157,15 +158,21 @@ class FullState:
         overwrites; a save that fails removes it.
         """
         state = self.state_dict()
+        failure = None
         if self.rank == 0:
             tmp = f"{os.fspath(path)}.partial"
             try:
                 torch.save(state, tmp)
                 os.replace(tmp, path)
+            except Exception as err:
+                failure = err
             finally:
                 if os.path.exists(tmp):
                     os.remove(tmp)
-        dist.barrier()
+        if not all_ranks_ok(failure is None):
+            if failure is not None:
+                raise failure
+            raise RuntimeError(f"save_full_state_dict: rank 0 failed to write {os.fspath(path)!r}")
 
     def load_full_state_dict(self, path: str | os.PathLike, strict: bool = True):
         """Read a file written by :meth:`save_full_state_dict` (on any number of ranks) into the shards."""

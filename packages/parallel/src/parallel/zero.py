@@ -1,37 +1,100 @@
 """ZeRO stage 1: optimizer state sharded over the ranks of a data-parallel group.
 
-``ShardedOptimizer(params, optimizer_cls, **defaults)`` is a ``torch.optim.Optimizer`` that gives every
-parameter one owner rank (greedy balancing of element counts, largest first), builds ``optimizer_cls`` over
-the owned parameters only, so each rank keeps ~1/N of the optimizer state, and after each ``step`` makes
-every rank hold identical parameters by broadcasting each parameter from its owner (in place, no extra
-buffer). Gradients are not touched: average them first (``DDP``, or an all-reduce), as in ZeRO stage 1.
+``ShardedOptimizer(params, optimizer_cls, mode=..., **defaults)`` is a ``torch.optim.Optimizer`` that gives
+every parameter one owner rank (greedy balancing of element counts, largest first) and builds
+``optimizer_cls`` over the owned parameters only, so each rank keeps ~1/N of the optimizer state. Two modes:
 
-    model = DDP(net)
-    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
-    loss_fn(model(x), y).backward(); model.finish_gradient_synchronization(); opt.step(); opt.zero_grad()
+- ``mode="reduce_scatter"`` (the default; ZeRO-1 as in the paper): pass *local* gradients (no DDP wrapper, or
+  inside its ``no_sync``). ``step`` reduce-scatters them, so each rank receives the average of the gradients
+  it owns, steps those parameters, and all-gathers the updated parameters. The parameters of one dtype and
+  device live in one flat buffer laid out rank by rank (each rank's owned parameters contiguous, every rank's
+  segment padded to the same length; ``p.data`` are views into it), so the two collectives move the bytes of
+  one all-reduce of that buffer. Rank 0's values are broadcast at construction.
 
-- Parameter groups keep their own hyper-parameters; changes to ``param_groups[i]`` (LR schedules) reach the
-  wrapped optimizer at the next ``step``. ``add_param_group`` during training assigns the new parameters.
-- ``state_dict()`` is collective: every rank returns the full state in ``optimizer_cls``'s own format (state
-  moved to CPU), so an unsharded optimizer or a ``ShardedOptimizer`` on any number of ranks loads it.
+      opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
+      loss_fn(model(x), y).backward(); opt.clip_grad_norm_(1.0); opt.step(); opt.zero_grad()
+
+- ``mode="broadcast"``: gradients are already averaged (``DDP``, or an all-reduce); after each ``step`` every
+  parameter is broadcast from its owner (in place). All-reduce plus broadcasts: 1.5x the bytes of the above.
+
+      model = DDP(net)
+      opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, mode="broadcast", lr=1e-3)
+
+Common behaviour: parameter groups keep their own hyper-parameters; changes to ``param_groups[i]`` (LR
+schedules) reach the wrapped optimizer at the next ``step``; ``add_param_group`` during training assigns the
+new parameters (and rebuilds the flat buffers). ``clip_grad_norm_`` clips by the global norm (in
+``reduce_scatter`` mode it reduces the gradients first, then one all-reduce of a scalar). ``state_dict()`` is
+collective: every rank returns the full state in ``optimizer_cls``'s own format (state moved to CPU), so an
+unsharded optimizer or a ``ShardedOptimizer`` on any number of ranks loads it; ``parallel.checkpoint`` saves
+the shards without gathering them.
 
 Limits: every rank must build the optimizer with the same parameters in the same order (collectives are
-matched by order); the assignment is by whole parameters, so per-rank state is within one parameter of
-1/N; a closure passed to ``step`` runs on every rank; the owner broadcast costs one collective per
-parameter (communication of one all-gather of the parameters, i.e. what ZeRO-1 prescribes).
+matched by order; checked at construction); the assignment is by whole parameters, so per-rank state (and the
+padding of the flat segments) is within one parameter of 1/N; a closure passed to ``step`` runs on every rank;
+in ``reduce_scatter`` mode a parameter without a gradient on every rank is not stepped (as in the unsharded
+optimizer) and one with a gradient on some ranks only counts zeros for the others.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from parallel.consistency import check_same_model
+from parallel.grad_norm import clip_replicated_, clip_sharded_
+
 __all__ = ["ShardedOptimizer"]
+
+MODES = ("reduce_scatter", "broadcast")
+_PIECE = 1 << 18  # elements per send/recv of the gloo ring: several in flight keep the TCP link busy
+
+
+def _exchange(send: Tensor, recv: Tensor, to: int, source: int) -> None:
+    works = []
+    for a, b in zip(send.split(_PIECE), recv.split(_PIECE), strict=True):
+        works += [dist.isend(a, to), dist.irecv(b, source)]
+    for work in works:
+        work.wait()
+
+
+def ring_reduce_scatter_(out: Tensor, full: Tensor, rank: int, world_size: int) -> None:
+    """``out`` (``full.numel() / N`` elements) = sum over ranks of chunk ``rank`` of ``full``: a ring of
+    send/recv (gloo's own reduce-scatter took twice the time of an all-reduce of the same data here)."""
+    if world_size == 1:
+        out.copy_(full)
+        return
+    chunks = full.view(world_size, -1)
+    send, spare = chunks[(rank - 1) % world_size], None
+    for step in range(world_size - 1):
+        recv = out if step == world_size - 2 else torch.empty_like(out) if spare is None else spare
+        _exchange(send, recv, (rank + 1) % world_size, (rank - 1) % world_size)
+        recv.add_(chunks[(rank - 2 - step) % world_size])
+        spare = send if step > 0 else None
+        send = recv
+
+
+def ring_all_gather_(full: Tensor, rank: int, world_size: int) -> None:
+    """Fill every chunk of ``full`` from its rank, chunk ``rank`` being this rank's (a send/recv ring)."""
+    chunks = full.view(world_size, -1)
+    for step in range(world_size - 1):
+        _exchange(chunks[(rank - step) % world_size], chunks[(rank - 1 - step) % world_size],
+                  (rank + 1) % world_size, (rank - 1) % world_size)
+
+
+@dataclass
+class _FlatGroup:
+    """Parameters of one dtype and device in one buffer: rank r's owned parameters at ``[r * segment, ...)``,
+    followed by one has-gradient flag per owned parameter, then padding up to ``segment`` elements."""
+
+    buffer: Tensor
+    segment: int
+    owned: list[list[Tensor]]  # per rank, in buffer order
 
 
 def _require_process_group() -> None:
@@ -46,16 +109,27 @@ class ShardedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict], optimizer_cls: type[torch.optim.Optimizer],
-                 **defaults: Any):
+                 mode: str = "reduce_scatter", **defaults: Any):
         _require_process_group()
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
             raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer subclass, got {optimizer_cls!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.optimizer_cls, self.rank, self.world_size = optimizer_cls, dist.get_rank(), dist.get_world_size()
+        self.mode = mode
+        self._gloo = dist.get_backend() == "gloo"
         self.param_to_rank: dict[Tensor, int] = {}
         self._rank_loads = [(0, r) for r in range(self.world_size)]  # heap of (elements owned, rank)
         self.local_optimizer: torch.optim.Optimizer | None = None
+        self._flat: list[_FlatGroup] | None = None
+        self._reduced = False  # gradients already reduce-scattered this step (by clip_grad_norm_)
         super().__init__(params, defaults)
         self.state = self.local_optimizer.state  # this rank's share, for inspection
+        params = self._all_params()
+        cuda = next((p.device for p in params if p.device.type == "cuda"), None)
+        check_same_model(params, "ShardedOptimizer", cuda)
+        if mode == "reduce_scatter":
+            self._build_flat(broadcast=True)
 
     # ------------------------------------------------------------------------------------------ groups
     def _assign(self, params: list[Tensor]) -> None:
@@ -80,6 +154,33 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.local_optimizer = self.optimizer_cls([local], **self.defaults)
         else:
             self.local_optimizer.add_param_group(local)
+        if self._flat is not None:
+            self._build_flat(broadcast=False)
+
+    def _all_params(self) -> list[Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def _build_flat(self, broadcast: bool) -> None:
+        """Move every parameter into the flat buffers of its dtype and device (``p.data`` becomes a view)."""
+        keyed: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+        for p in self._all_params():
+            keyed.setdefault((p.dtype, p.device), []).append(p)
+        self._flat = []
+        for (dtype, device), params in keyed.items():
+            owned = [[p for p in params if self.param_to_rank[p] == r] for r in range(self.world_size)]
+            segment = max(sum(p.numel() + 1 for p in mine) for mine in owned)
+            buffer = torch.zeros(self.world_size * segment, dtype=dtype, device=device)
+            for r, mine in enumerate(owned):
+                offset = r * segment
+                for p in mine:
+                    view = buffer[offset:offset + p.numel()].view_as(p)
+                    view.copy_(p)
+                    p.data = view
+                    offset += p.numel()
+            if broadcast:
+                dist.broadcast(buffer, src=0)
+            self._flat.append(_FlatGroup(buffer, segment, owned))
 
     def _sync_hyperparameters(self) -> None:
         for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
@@ -95,9 +196,69 @@ class ShardedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._sync_hyperparameters()
-        self.local_optimizer.step(**kwargs)
-        self._broadcast_parameters()
+        if self.mode == "reduce_scatter":
+            if not self._reduced:
+                self._reduce_scatter_gradients()
+            self._reduced = False
+            self.local_optimizer.step(**kwargs)
+            self._all_gather_parameters()
+        else:
+            self.local_optimizer.step(**kwargs)
+            self._broadcast_parameters()
         return loss
+
+    @torch.no_grad()
+    def _reduce_scatter_gradients(self) -> None:
+        """Give every owned parameter the average over ranks of its gradient (None if no rank had one)."""
+        for flat in self._flat:
+            send = torch.zeros_like(flat.buffer)
+            for r, mine in enumerate(flat.owned):
+                offset, flags = r * flat.segment, r * flat.segment + sum(p.numel() for p in mine)
+                for i, p in enumerate(mine):
+                    if p.grad is not None:
+                        send[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+                        send[flags + i] = 1
+                    offset += p.numel()
+            received = torch.empty(flat.segment, dtype=send.dtype, device=send.device)
+            if self._gloo:
+                ring_reduce_scatter_(received, send, self.rank, self.world_size)
+                received.div_(self.world_size)
+            else:
+                dist.reduce_scatter_tensor(received, send, op=dist.ReduceOp.AVG)
+            offset = 0
+            mine = flat.owned[self.rank]
+            flags = sum(p.numel() for p in mine)
+            for i, p in enumerate(mine):
+                p.grad = received[offset:offset + p.numel()].view_as(p) if received[flags + i] > 0 else None
+                offset += p.numel()
+
+    @torch.no_grad()
+    def _all_gather_parameters(self) -> None:
+        for flat in self._flat:
+            if self._gloo:
+                ring_all_gather_(flat.buffer, self.rank, self.world_size)
+            else:
+                mine = flat.buffer[self.rank * flat.segment:(self.rank + 1) * flat.segment].clone()
+                dist.all_gather_into_tensor(flat.buffer, mine)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Scale the gradients so that their global ``norm_type``-norm is at most ``max_norm``; return the
+        norm before clipping (float64 scalar), as ``torch.nn.utils.clip_grad_norm_`` over all the parameters.
+
+        ``reduce_scatter`` mode: reduces the gradients (which ``step`` then does not do again) and all-reduces
+        one scalar; ``broadcast`` mode: the averaged gradients are equal on every rank, no communication.
+        """
+        if self.mode == "broadcast":
+            return clip_replicated_([p.grad for p in self._all_params() if p.grad is not None], max_norm,
+                                    norm_type)
+        if not self._reduced:
+            self._reduce_scatter_gradients()
+            self._reduced = True
+        owned = [p.grad for p in self._all_params()
+                 if self.param_to_rank[p] == self.rank and p.grad is not None]
+        device = self._flat[0].buffer.device if self._flat else None
+        return clip_sharded_(owned, [], max_norm, norm_type, device=device)
 
     @torch.no_grad()
     def _broadcast_parameters(self) -> None:

@@ -1,0 +1,48 @@
+"""Run under ``torchrun``: train the plain-torch language model with every wrapper for a few steps, each rank
+on its share of every batch; rank 0 writes the final parameters to ``sys.argv[1]`` (torch.save)."""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parallel import DDP, FSDP, BucketedDDP, FlatDDP, NaiveDDP, ShardedOptimizer
+from parallel.launch import init_from_env
+
+from conftest import lm_batch, lm_loss, torch_lm
+
+ROWS, STEPS = 12, 3
+WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "ddp": DDP,
+            "bucketed": lambda m: BucketedDDP(m, bucket_size_mb=1e-4), "fsdp": FSDP}
+
+
+def train(model, opt, rank, world_size):
+    rows = slice(rank * ROWS // world_size, (rank + 1) * ROWS // world_size)
+    for step in range(STEPS):
+        x, y = lm_batch(step, ROWS)
+        lm_loss(model, x[rows], y[rows]).backward()
+        if hasattr(model, "finish_gradient_synchronization"):
+            model.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+
+
+def main() -> None:
+    rank, world_size, _ = init_from_env("gloo")
+    results = {}
+    for name, wrap in WRAPPERS.items():
+        model = wrap(torch_lm(seed=rank))
+        train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rank, world_size)
+        state = model.state_dict()
+        results[name] = {k.removeprefix("module."): v.clone() for k, v in state.items()}
+    model = torch_lm(seed=rank)
+    train(model, ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2), rank, world_size)
+    results["zero"] = {k: v.clone() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save({"world_size": world_size, "results": results}, sys.argv[1])
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
