@@ -25,7 +25,7 @@ def logged_rates() -> dict[str, int]:
 def matmul_logs() -> str:
     rates = logged_rates()
     return (
-        f"{min(rates.values())} to {max(rates.values())} TFLOP/s in the {len(rates)} attention benchmark logs "
+        f"{min(rates.values())} to {max(rates.values())} TFLOP/s in the {len(rates)} attention logs "
         f"that printed it (`data/flashattn-*.log`)"
     )
 
