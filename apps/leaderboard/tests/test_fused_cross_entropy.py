@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from harness.testing import assert_error_budget, assert_relative_error
 from leaderboard.fused_cross_entropy import linear_cross_entropy
 
 
@@ -15,8 +16,9 @@ def _reference(hidden, weight, targets):
     return loss.detach(), h.grad, w.grad
 
 
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
+# Relative errors count a reference below 1e-8 per element as zero; gradients of a mean loss over these
+# sizes are far larger (RMS 6e-4 and up), so the floor only guards against dividing by zero.
+FLOOR = 1e-8
 
 
 @pytest.mark.parametrize(
@@ -33,8 +35,8 @@ def test_matches_float64_logits(shape, vocab, d, chunk):
     ref_loss, ref_dh, ref_dw = _reference(hidden, weight, targets)
     assert loss.dtype == torch.float32 and loss.shape == ()
     assert abs(loss.item() - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
-    assert _rel(hidden.grad, 2.5 * ref_dh) < 1e-5
-    assert _rel(weight.grad, 2.5 * ref_dw) < 1e-5
+    assert_relative_error(hidden.grad, 2.5 * ref_dh, bound=1e-5, floor=FLOOR, name="dhidden")
+    assert_relative_error(weight.grad, 2.5 * ref_dw, bound=1e-5, floor=FLOOR, name="dweight")
 
 
 def test_bf16_error_within_twice_plain_bf16():
@@ -54,8 +56,8 @@ def test_bf16_error_within_twice_plain_bf16():
     plain.backward()
 
     assert abs(fused.item() - float(ref_loss)) <= 2 * abs(plain.item() - float(ref_loss)) + 1e-3
-    assert _rel(h.grad, ref_dh) <= 2 * _rel(hp.grad, ref_dh) + 1e-3
-    assert _rel(w.grad, ref_dw) <= 2 * _rel(wp.grad, ref_dw) + 1e-3
+    assert_error_budget(h.grad, hp.grad, ref_dh, floor=FLOOR, slack=1e-3, name="dhidden")
+    assert_error_budget(w.grad, wp.grad, ref_dw, floor=FLOOR, slack=1e-3, name="dweight")
 
 
 def test_large_logits_stay_finite():

@@ -146,6 +146,37 @@ def test_bad_inputs_are_named():
         BasicsTransformerLM(10, 8, 30, 1, 4, 16)
 
 
+def test_input_check_reads_token_values_only_on_the_cpu_or_when_asked(monkeypatch):
+    """On an accelerator, reading min/max back would wait for the device every forward; the meta device
+    stands in for one here (its values cannot be read at all)."""
+    model = build_model("tiny", device="meta")
+    ids = torch.zeros(2, 17, dtype=torch.long, device="meta")
+    monkeypatch.delenv("CS336_BASICS_CHECK_TOKENS", raising=False)
+    model.check_input(ids)
+    with pytest.raises(ValueError, match="integer"):
+        model.check_input(ids.float())
+    with pytest.raises(ValueError, match="context_length"):
+        model.check_input(torch.zeros(1, 129, dtype=torch.long, device="meta"))
+    with pytest.raises(ValueError, match="0-d tensor"):
+        model.check_input(torch.tensor(3))
+    monkeypatch.setenv("CS336_BASICS_CHECK_TOKENS", "1")
+    with pytest.raises((RuntimeError, NotImplementedError)):  # now it tries to read the values
+        model.check_input(ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_input_check_does_not_synchronize_with_the_gpu(monkeypatch):
+    monkeypatch.delenv("CS336_BASICS_CHECK_TOKENS", raising=False)
+    model = build_model("tiny", device="cuda")
+    ids = torch.randint(0, 503, (3, 17), device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.check_input(ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_meta_device_then_materialize():
     model = build_model("tiny", device="meta")
     assert all(p.is_meta for p in model.parameters())

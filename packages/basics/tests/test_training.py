@@ -2,6 +2,10 @@
 
 import io
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -81,6 +85,16 @@ def test_clip_gradients_matches_torch(max_norm):
         torch.testing.assert_close(pa.grad, pb.grad)
 
 
+@pytest.mark.parametrize("max_norm", [-1.0, math.nan, math.inf])
+def test_clip_gradients_refuses_a_negative_or_non_finite_max_norm(max_norm):
+    params = _toy_params(3)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with pytest.raises(ValueError, match=r"max_l2_norm must be a finite number >= 0, got"):
+        clip_gradients(params, max_norm)
+    assert all(torch.equal(p.grad, torch.ones_like(p)) for p in params)  # untouched
+
+
 def test_cosine_schedule():
     args = dict(max_learning_rate=1.0, min_learning_rate=0.1, warmup_iters=10, cosine_cycle_iters=110)
     assert get_lr_cosine_schedule(0, **args) == 0.0
@@ -102,6 +116,12 @@ def test_get_batch_windows_are_consecutive(tmp_path):
     assert torch.all(x[:, 1:] - x[:, :-1] == 1)
     with pytest.raises(ValueError, match="too short"):
         get_batch(tokens[:10], 2, 31)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.bool_])
+def test_get_batch_refuses_a_dataset_that_is_not_integer_tokens(dtype):
+    with pytest.raises(TypeError, match=f"dataset must hold integer token ids, got dtype {np.dtype(dtype)}"):
+        get_batch(np.arange(100).astype(dtype), 2, 7)
 
 
 def _train_steps(model, opt, steps, seed):
@@ -141,6 +161,80 @@ def test_checkpoint_to_file_object():
     save_checkpoint(model, opt, 7, buf)
     buf.seek(0)
     assert load_checkpoint(buf, build_model("tiny"), AdamW(build_model("tiny").parameters())) == 7
+
+
+def _tiny_with_optimizer():
+    model = build_model("tiny")
+    return model, AdamW(model.parameters())
+
+
+def test_loading_an_empty_truncated_or_foreign_file_names_it(tmp_path):
+    model, opt = _tiny_with_optimizer()
+    path = tmp_path / "ckpt.pt"
+    path.touch()
+    with pytest.raises(ValueError, match=rf"{path} is not a complete checkpoint \(0 bytes, empty or trunc"):
+        load_checkpoint(path, model, opt)
+    save_checkpoint(model, opt, 5, path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match=rf"{path} is not a complete checkpoint \(\d+ bytes"):
+        load_checkpoint(path, model, opt)
+    torch.save({"model": model.state_dict()}, path)
+    with pytest.raises(
+        ValueError, match=r"is not a training checkpoint: it lacks \['iteration', 'optimizer'\]"
+    ):
+        load_checkpoint(path, model, opt)
+
+
+def test_a_failed_save_removes_its_temporary_and_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    model, opt = _tiny_with_optimizer()
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(model, opt, 1, path)
+
+    def full_disk(obj, f):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(model, opt, 2, path)
+    monkeypatch.undo()
+    assert [f.name for f in tmp_path.iterdir()] == ["ckpt.pt"]
+    assert load_checkpoint(path, *_tiny_with_optimizer()) == 1
+
+
+# A save killed (SIGKILL) in the middle of writing: no Python cleanup runs, the temporary stays behind.
+KILLED_SAVE = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    from cs336_basics import AdamW, build_model, save_checkpoint
+
+    def killed_while_writing(obj, f):
+        f.write(b"partial")
+        f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.save = killed_while_writing
+    model = build_model("tiny")
+    save_checkpoint(model, AdamW(model.parameters()), 1, sys.argv[1])
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "kill") or sys.platform == "win32", reason="needs POSIX signals")
+def test_the_next_save_removes_what_a_killed_save_left(tmp_path):
+    path, other = tmp_path / "ckpt.pt", tmp_path / "other.pt"
+    for target in (path, other):
+        done = subprocess.run(
+            [sys.executable, "-c", KILLED_SAVE, str(target)], capture_output=True, timeout=120
+        )
+        assert done.returncode == -9, done.stderr.decode()[-2000:]
+    litter = sorted(f.name for f in tmp_path.iterdir())
+    assert len(litter) == 2 and all(n.startswith((".ckpt.pt.", ".other.pt.")) for n in litter), litter
+
+    model, opt = _tiny_with_optimizer()
+    save_checkpoint(model, opt, 3, path)
+    left = sorted(f.name for f in tmp_path.iterdir())
+    assert left[0].startswith(".other.pt.") and left[1:] == ["ckpt.pt"], left  # other targets' files kept
+    assert load_checkpoint(path, *_tiny_with_optimizer()) == 3
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

@@ -12,26 +12,9 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch
-import triton.runtime.interpreter as interpreter
-
-
-def _numpy_24_index_shim() -> None:
-    """Triton 3.6's interpreter turns 1-element arrays into loop bounds with ``int(array)``, which numpy >=
-    2.4
-    refuses (triton-lang/triton#9171, fixed upstream after 3.6). Re-bind ``__index__`` the upstream way."""
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    interpreter._patch_lang_tensor = patched
-
-
-_numpy_24_index_shim()
-
-from flashattn.plain import reference  # noqa: E402
-from flashattn.triton_flash import FlashAttention2Triton, KernelConfigs, TileConfig, pinned_configs  # noqa: E402
+from flashattn.plain import reference
+from flashattn.triton_flash import FlashAttention2Triton, KernelConfigs, TileConfig, pinned_configs
+from harness.testing import relative_error
 
 # Small tiles so that seq 17..130 spans several query and key tiles, the diagonal and ragged tails;
 # forward and dQ use 16 x 32 and dK/dV 32 x 16 so that unequal tile sides are exercised too.
@@ -52,7 +35,9 @@ CASES = [
 
 
 def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+    """Relative to the reference's norm; below 0.1 per element (unit-variance inputs give outputs and
+    gradients of order 0.1-1) the reference counts as zero, as the true dQ and dK of a single key are."""
+    return relative_error(x, ref, floor=0.1)
 
 
 def _run(lead, seq_q, seq_k, head_dim, causal, dtype, strided) -> dict[str, float]:

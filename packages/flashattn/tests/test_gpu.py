@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashattn import FlashAttention2Triton, flash_attention, reference
+from harness.testing import assert_error_budget, assert_relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -20,8 +21,9 @@ SHAPES = [  # (batch, heads), seq_q, seq_k, head_dim, causal
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-def _rel_err(x, gold):
-    return ((x.double() - gold).norm() / gold.norm().clamp_min(1e-6)).item()
+# Relative errors count a reference below 1e-3 per element as zero (an exactly-zero gradient, as with one
+# key); every reference here is larger (outputs and gradients of unit-variance inputs: RMS >= ~0.01 at 16k).
+FLOOR = 1e-3
 
 
 def _poison_allocator(nbytes: int) -> None:
@@ -60,11 +62,9 @@ def test_error_within_twice_plain_attention(shape, dtype):
     plain = _run(reference, q, k, v, do, causal)
     _poison_allocator(4 * q.numel() * q.element_size() * 8)
     ours = _run(FlashAttention2Triton.apply, q, k, v, do, causal)
-    floor = 1e-6 if dtype == torch.float32 else 1e-4
+    slack = 1e-6 if dtype == torch.float32 else 1e-4
     for name, o, p, g in zip(("o", "dq", "dk", "dv"), ours, plain, gold, strict=True):
-        assert torch.isfinite(o).all(), f"{name} has unwritten (NaN) or infinite elements"
-        err, plain_err = _rel_err(o, g), _rel_err(p, g)
-        assert err <= 2 * plain_err + floor, f"{name}: error {err:.2e} vs plain {plain_err:.2e}"
+        assert_error_budget(o, p, g, floor=FLOOR, slack=slack, name=name)  # also fails on NaN (unwritten)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -75,8 +75,7 @@ def test_long_sequence_16k(dtype):
     _poison_allocator(1 << 30)
     ours = _run(FlashAttention2Triton.apply, q, k, v, do, True)
     for name, o, p, g in zip(("o", "dq", "dk", "dv"), ours, plain, gold, strict=True):
-        err, plain_err = _rel_err(o, g), _rel_err(p, g)
-        assert err <= 2 * plain_err + 1e-6, f"{name}: error {err:.2e} vs plain {plain_err:.2e}"
+        assert_error_budget(o, p, g, floor=FLOOR, slack=1e-6, name=name)
 
 
 def test_lse_matches_reference():
@@ -85,7 +84,7 @@ def test_lse_matches_reference():
     lse = o.grad_fn.saved_tensors[0]
     assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
     gold = reference(q.double(), k.double(), v.double(), True)[1]
-    assert _rel_err(lse, gold) < 1e-3
+    assert_relative_error(lse, gold, bound=1e-3, floor=FLOOR, name="lse")
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -114,5 +113,5 @@ def test_flash_attention_on_attention_layer_layout():
     )
     gold = _gold(q, k, v, do, True)
     assert ours[0].stride() == q.stride(), "output keeps the (B, S, H, D) storage of the inputs"
-    for o, s, g in zip(ours, sdpa, gold, strict=True):
-        assert _rel_err(o, g) <= 2 * _rel_err(s, g) + 1e-4
+    for name, o, s, g in zip(("o", "dq", "dk", "dv"), ours, sdpa, gold, strict=True):
+        assert_error_budget(o, s, g, floor=FLOOR, slack=1e-4, name=name)

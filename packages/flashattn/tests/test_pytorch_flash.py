@@ -4,6 +4,7 @@ import pytest
 import torch
 from flashattn import FlashAttention2PyTorch, flash_attention, reference
 from flashattn.pytorch_flash import tiled_forward
+from harness.testing import assert_relative_error
 
 SHAPES = [  # leading dims, seq_q, seq_k, head_dim, causal
     ((), 1, 1, 16, True),
@@ -18,10 +19,6 @@ SHAPES = [  # leading dims, seq_q, seq_k, head_dim, causal
 def _inputs(lead, seq_q, seq_k, head_dim, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed + seq_q * 131 + seq_k)
     return [torch.randn(*lead, s, head_dim, generator=gen, dtype=dtype) for s in (seq_q, seq_k, seq_k, seq_q)]
-
-
-def _rel_err(x, ref):
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1.0)).item()
 
 
 CASES = [(shape, torch.float64, 1e-12) for shape in SHAPES] + [
@@ -45,10 +42,11 @@ def test_forward_and_backward_match_float64(shape, dtype, bound):
     o.backward(do.to(dtype))
     assert o.dtype == dtype and o.shape == q.shape
     assert lse.shape == q.shape[:-1]
-    assert _rel_err(o, o_ref) < bound
-    assert _rel_err(lse, lse_ref) < bound
-    for ours_t, ref_t in zip(ours, ref_in, strict=True):
-        assert _rel_err(ours_t.grad, ref_t.grad) < bound
+    # floor 0.1: unit-variance inputs give outputs and gradients of order 0.1-1 (one key: dQ, dK exactly 0)
+    assert_relative_error(o, o_ref, bound=bound, floor=0.1, name="o")
+    assert_relative_error(lse, lse_ref, bound=bound, floor=0.1, name="lse")
+    for name, ours_t, ref_t in zip(("dq", "dk", "dv"), ours, ref_in, strict=True):
+        assert_relative_error(ours_t.grad, ref_t.grad, bound=bound, floor=0.1, name=name)
 
 
 def test_saves_lse_as_its_only_new_tensor():

@@ -16,6 +16,10 @@ def get_batch(
     """
     if dataset.ndim != 1:
         raise ValueError(f"dataset must be a 1-D token array, got shape {dataset.shape}")
+    if not np.issubdtype(dataset.dtype, np.integer):
+        raise TypeError(f"dataset must hold integer token ids, got dtype {dataset.dtype}")
+    if batch_size < 1 or context_length < 1:
+        raise ValueError(f"batch_size and context_length must be >= 1, got {batch_size} and {context_length}")
     if len(dataset) <= context_length:
         raise ValueError(f"dataset of {len(dataset)} tokens is too short for context_length {context_length}")
     starts = np.random.randint(0, len(dataset) - context_length, size=batch_size)

@@ -15,6 +15,7 @@ The attention kernel is pluggable: ``attention_fn(q, k, v, is_causal) -> out`` o
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -239,14 +240,22 @@ class BasicsTransformerLM(nn.Module):
             layer.attn.attention_fn = attention_fn
 
     def check_input(self, in_indices: Tensor) -> None:
-        """Raise ValueError / IndexError naming the problem with ``in_indices``."""
+        """Raise ValueError / IndexError naming the problem with ``in_indices``.
+
+        Shape and dtype are always checked. Token values are checked on the CPU; on an accelerator only when
+        ``CS336_BASICS_CHECK_TOKENS=1`` is set (a debug flag: reading the values back waits for the device
+        on every forward), otherwise an out-of-range id fails inside the embedding lookup.
+        """
         if in_indices.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"in_indices must hold integer token ids, got dtype {in_indices.dtype}")
+        if in_indices.ndim < 1:
+            raise ValueError("in_indices must have shape (..., seq), got a 0-d tensor")
         if in_indices.shape[-1] > self.context_length:
             raise ValueError(
                 f"sequence length {in_indices.shape[-1]} exceeds context_length {self.context_length}"
             )
-        if in_indices.numel():
+        on_host = in_indices.device.type == "cpu"
+        if in_indices.numel() and (on_host or os.environ.get("CS336_BASICS_CHECK_TOKENS") == "1"):
             lo, hi = int(in_indices.min()), int(in_indices.max())
             if lo < 0 or hi >= self.vocab_size:
                 raise IndexError(f"token ids must lie in [0, {self.vocab_size}), got min {lo} and max {hi}")

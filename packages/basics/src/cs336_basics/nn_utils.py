@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -35,8 +36,11 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 def clip_gradients(parameters: Iterable[torch.nn.Parameter], max_l2_norm: float, eps: float = 1e-6) -> Tensor:
     """Scale all gradients in place so their global L2 norm is at most ``max_l2_norm``.
 
-    Returns the norm before clipping (as ``torch.nn.utils.clip_grad_norm_`` does).
+    Returns the norm before clipping (as ``torch.nn.utils.clip_grad_norm_`` does). ``max_l2_norm`` must be
+    finite and >= 0 (a negative one would flip the gradients' sign).
     """
+    if not (math.isfinite(max_l2_norm) and max_l2_norm >= 0):
+        raise ValueError(f"max_l2_norm must be a finite number >= 0, got {max_l2_norm}")
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)

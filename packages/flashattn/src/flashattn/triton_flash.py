@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from flashattn.inputs import as_4d, check_qkv
+from flashattn.interpret import check_interpreted
 
 LOG2E = math.log2(math.e)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -487,6 +488,7 @@ class FlashAttention2Triton(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
         check_qkv(q, k, v, is_causal, _DTYPES)
         _check_device(q)
+        check_interpreted(q)
         configs = configs_for(q.shape[-1], q.dtype)
         o, lse = launch_forward(as_4d(q), as_4d(k), as_4d(v), is_causal, configs.forward)
         o = o.reshape(q.shape)
