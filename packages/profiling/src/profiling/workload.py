@@ -18,8 +18,8 @@ from cs336_basics import AdamW, ModelConfig, build_model, cross_entropy, get_pre
 from torch import Tensor, nn
 
 from . import ranges
-from .checkpointing import CheckpointedLM
-from .options import ATTENTIONS, MODES, parse_strategy
+from .checkpointing import apply_checkpointing
+from .options import ATTENTIONS, MODES
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -89,10 +89,8 @@ class Workload:
         self.hooks = [] if self.compile else ranges.annotate_blocks(base)
         if self.compile and self.attention == "naive":
             base.set_attention_fn(naive_attention)
-        model: nn.Module = base
-        if parse_strategy(self.checkpoint) != ("none", 0):
-            model = CheckpointedLM(base, self.checkpoint)
-        self.model = torch.compile(model) if self.compile else model
+        apply_checkpointing(base, self.checkpoint)  # after the block ranges: their hooks stay on the blocks
+        self.model = torch.compile(base) if self.compile else base
         shape = (self.config.batch_size, self.config.context_length)
         self.inputs = torch.randint(0, self.config.vocab_size, shape, device=self.device)
         self.targets = torch.randint(0, self.config.vocab_size, shape, device=self.device)
