@@ -1,24 +1,37 @@
 """Collective benchmarks, data-parallel wrappers, optimizer-state sharding and FSDP on torch.distributed.
 
 The library imports only torch; the benchmarks (``python -m parallel.bench_*``) also build the reference
-model of ``cs336_basics`` (the optional extra ``parallel[bench]``).
+model of ``cs336_basics`` (the optional extra ``parallel[bench]``). The public names load their module on
+first use, so ``python -m parallel.bench_* --help`` answers without importing torch.
 """
 
-from parallel.ddp import DDP, BucketedDDP, FlatDDP, NaiveDDP, broadcast_module_state
-from parallel.fsdp import FSDP
-from parallel.launch import WorkerError, free_port, init_from_env, spawn
-from parallel.zero import ShardedOptimizer
+from __future__ import annotations
 
-__all__ = [
-    "DDP",
-    "FSDP",
-    "BucketedDDP",
-    "FlatDDP",
-    "NaiveDDP",
-    "ShardedOptimizer",
-    "WorkerError",
-    "broadcast_module_state",
-    "free_port",
-    "init_from_env",
-    "spawn",
-]
+import importlib
+
+_HOME = {
+    "DDP": "parallel.ddp",
+    "BucketedDDP": "parallel.ddp",
+    "FlatDDP": "parallel.ddp",
+    "NaiveDDP": "parallel.ddp",
+    "broadcast_module_state": "parallel.ddp",
+    "FSDP": "parallel.fsdp",
+    "WorkerError": "parallel.launch",
+    "free_port": "parallel.launch",
+    "init_from_env": "parallel.launch",
+    "spawn": "parallel.launch",
+    "ShardedOptimizer": "parallel.zero",
+}
+
+__all__ = sorted(_HOME)
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'parallel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
