@@ -332,7 +332,7 @@ def _bad(rank, world_size, kwargs):
     (dict(unit_modules=("TransformerBlock",)), "unit_modules must be nn.Module subclasses"),
     (dict(compute_dtype=torch.int8), "compute_dtype must be a floating-point"),
     (dict(prefetch=-1), "prefetch must be a non-negative int"),
-    (dict(measure_gathers=True), "measure_gathers times CUDA streams"),
+    (dict(device="meta"), "device must be a CPU or CUDA device"),
 ])
 def test_bad_arguments(kwargs, message):
     with pytest.raises(Exception, match=message):
@@ -354,8 +354,9 @@ def _train_fsdp_cuda(compute_dtype, units, wrap_checkpoint, prefetch, steps=5, l
     model = BasicsTransformerLM(**{**CONFIG, "num_layers": layers, "d_model": 96, "d_ff": 264})
     if wrap_checkpoint:
         model.layers = nn.ModuleList(_Checkpointed(block) for block in model.layers)
-    fsdp = FSDP(model, compute_dtype=compute_dtype, unit_modules=units, prefetch=prefetch,
-                measure_gathers=True)
+    fsdp = FSDP(model, compute_dtype=compute_dtype, unit_modules=units, prefetch=prefetch)
+    waits = []
+    fsdp.register_gather_observer(lambda index, phase, ready: waits.append((index, phase)))
     opt = torch.optim.SGD(fsdp.parameters(), lr=0.5, momentum=0.9)
     for step in range(steps):
         x, y = (t.cuda() for t in _batch(step, dist.get_rank()))
@@ -363,7 +364,7 @@ def _train_fsdp_cuda(compute_dtype, units, wrap_checkpoint, prefetch, steps=5, l
         fsdp.finish_gradient_synchronization()
         opt.step()
         opt.zero_grad()
-    timed = len(fsdp.gather_slack())
+    timed = len(waits)
     return {n: t.numpy() for n, t in fsdp.gather_full_params().items()}, timed
 
 

@@ -21,6 +21,8 @@ _HOME = {
     "init_from_env": "parallel.launch",
     "spawn": "parallel.launch",
     "ShardedOptimizer": "parallel.zero",
+    "load_sharded": "parallel.checkpoint",
+    "save_sharded": "parallel.checkpoint",
 }
 
 __all__ = sorted(_HOME)

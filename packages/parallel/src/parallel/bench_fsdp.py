@@ -13,7 +13,8 @@ Step time: CUDA events around forward, loss, backward, gradient synchronization 
 over ``--steps`` timed steps (after ``--warmup``) of the slower rank; ``vs_fsdp2`` is the ratio. Peak memory:
 ``torch.cuda.max_memory_allocated`` over the timed steps (the larger rank). TFLOP/s per GPU uses
 ``analysis.accounting.train_step_flops``. Evidence of overlap: for ours, every all-gather of the last timed
-step is timed against the moment the compute stream needed it (``FSDP.gather_slack``); then one profiled step
+step is timed against the moment the compute stream needed it (``GatherTimer``, an observer of
+``FSDP.register_gather_observer``); then one profiled step
 of each implementation (``torch.profiler``) is drawn as kernels per CUDA stream.
 
 Writes into ``--out``: ``fsdp.csv``, ``fsdp.md``, ``fsdp-gathers.csv``, ``fsdp-trace-<impl>.json.gz`` and
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 import functools
 import gc
-import gzip
 import json
-import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -44,15 +43,37 @@ GIB = 2**30
 IMPLS = ("ours", "fsdp2")
 
 
+class GatherTimer:
+    """Times every gather the compute stream waits on against the moment it needed the unit (CUDA events)."""
+
+    def __init__(self):
+        self.log: list[tuple[int, str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    def __call__(self, index: int, phase: str, ready: torch.cuda.Event) -> None:
+        needed = torch.cuda.Event(enable_timing=True)
+        needed.record()
+        self.log.append((index, phase, needed, ready))
+
+    def slack(self) -> list[dict]:
+        """``{unit, phase, late_ms}`` per gather logged: ``late_ms`` from the compute stream reaching the unit
+        to the gather finishing (negative: finished early by that much; positive: compute stalled).
+        Synchronizes."""
+        torch.cuda.synchronize()
+        return [{"unit": index, "phase": phase, "late_ms": needed.elapsed_time(ready)}
+                for index, phase, needed, ready in self.log]
+
+
 def _build(impl: str, config, device: torch.device):
-    """``(model, optimizer, finish)``: ``finish()`` completes gradient synchronization after backward."""
+    """``(model, optimizer, finish, timer)``: ``finish()`` completes gradient synchronization after backward;
+    ``timer`` logs our gathers (None for FSDP2)."""
     from cs336_basics.model import TransformerBlock
     from cs336_basics.presets import build_model
 
     model = build_model(config, device="meta", attention_fn=sdpa)
     if impl == "ours":
-        model = FSDP(model, compute_dtype=torch.bfloat16, unit_modules=(TransformerBlock,),
-                     measure_gathers=True)
+        model = FSDP(model, compute_dtype=torch.bfloat16, unit_modules=(TransformerBlock,))
+        timer = GatherTimer()
+        model.register_gather_observer(timer)
         finish = model.finish_gradient_synchronization
     else:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -70,8 +91,9 @@ def _build(impl: str, config, device: torch.device):
                 else:
                     local.normal_(0.0, 0.02)
         finish = _nothing  # FSDP2 waits for its reduce-scatters inside backward
+        timer = None
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    return model, optimizer, finish
+    return model, optimizer, finish, timer
 
 
 def _nothing() -> None:
@@ -92,7 +114,8 @@ def _step(model, optimizer, finish, x, y) -> None:
 
 
 def _profile(step, path: Path | None) -> None:
-    """One profiled step (the model is warm already); rank 0 writes the gzipped Chrome trace."""
+    """One profiled step (the model is warm already); rank 0 writes the Chrome trace (gzipped by torch for a
+    ``.gz`` name), to a temporary name first."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -100,13 +123,9 @@ def _profile(step, path: Path | None) -> None:
         step()
         torch.cuda.synchronize()
     if path is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            raw = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(raw))
-            part = path.with_name(path.name + ".part")
-            with open(raw, "rb") as src, gzip.open(part, "wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst)
-            part.replace(path)
+        part = path.with_name(path.name.removesuffix(".json.gz") + ".part.json.gz")
+        prof.export_chrome_trace(str(part))
+        part.replace(path)
 
 
 def _run(impl: str, preset: str, batch: int, warmup: int, steps: int, out: Path) -> dict:
@@ -117,7 +136,7 @@ def _run(impl: str, preset: str, batch: int, warmup: int, steps: int, out: Path)
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
-    model, optimizer, finish = _build(impl, config, device)
+    model, optimizer, finish, timer = _build(impl, config, device)
     x, y = random_batch(config, batch, device)
     times = []
     for i in range(warmup + steps):
@@ -125,6 +144,8 @@ def _run(impl: str, preset: str, batch: int, warmup: int, steps: int, out: Path)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if timer is not None:
+            timer.log.clear()  # keep the last step's gathers
         start.record()
         _step(model, optimizer, finish, x, y)
         end.record()
@@ -132,12 +153,12 @@ def _run(impl: str, preset: str, batch: int, warmup: int, steps: int, out: Path)
     torch.cuda.synchronize()
     result = dict(impl=impl, times=[s.elapsed_time(e) for s, e in times[warmup:]],
                   peak=torch.cuda.max_memory_allocated() - base)
-    if impl == "ours":
-        result["gathers"] = model.gather_slack()
+    if timer is not None:
+        result["gathers"] = timer.slack()
     trace = out / f"fsdp-trace-{impl}.json.gz" if torch.distributed.get_rank() == 0 else None
     step = functools.partial(_step, model, optimizer, finish, x, y)
     _profile(step, trace)
-    del step, model, optimizer, finish
+    del step, model, optimizer, finish, timer
     gc.collect()
     torch.cuda.empty_cache()
     return result

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import math
+import numbers
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,6 +52,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from parallel.consistency import check_same_model
+from parallel.grad_norm import clip_replicated_
 
 __all__ = ["DDP", "BucketedDDP", "FlatDDP", "NaiveDDP", "broadcast_module_state"]
 
@@ -90,6 +95,8 @@ class _DataParallel(nn.Module, abc.ABC):
             off_gpu = [name for name, p in module.named_parameters() if p.device.type != "cuda"]
             if off_gpu:
                 raise ValueError(f"module: the NCCL backend needs CUDA parameters, {off_gpu[0]!r} is on CPU")
+        first = next(module.parameters(), None)
+        check_same_model(module, type(self).__name__, first.device if first is not None else None)
         self.module = module
         self.world_size = dist.get_world_size()
         self._sync_enabled = True
@@ -123,6 +130,13 @@ class _DataParallel(nn.Module, abc.ABC):
             yield
         finally:
             self._sync_enabled = previous
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Scale the gradients so that their ``norm_type``-norm is at most ``max_norm``; return the norm
+        before clipping (float64 scalar). Call after ``finish_gradient_synchronization()``: the gradients are
+        then equal on every rank, so the norm needs no communication and every rank scales alike."""
+        return clip_replicated_([p.grad for p in self._params if p.grad is not None], max_norm, norm_type)
 
     @abc.abstractmethod
     def finish_gradient_synchronization(self) -> None:
@@ -215,8 +229,9 @@ class BucketedDDP(_DataParallel):
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0):
-        if not bucket_size_mb > 0:
-            raise ValueError(f"bucket_size_mb must be a positive number of MiB, got {bucket_size_mb}")
+        if (isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, numbers.Real)
+                or not math.isfinite(bucket_size_mb) or bucket_size_mb <= 0):
+            raise ValueError(f"bucket_size_mb must be a finite number of MiB > 0, got {bucket_size_mb!r}")
         super().__init__(module)
         self.bucket_size_mb = bucket_size_mb
         self._set_buckets(list(reversed(self._params)))
