@@ -51,12 +51,10 @@ def measure(config: BenchConfig):
     """The table of ``config``'s cells (a pandas DataFrame), also written under ``config.out``."""
     import pandas as pd
 
-    from . import ranges
     from .memory_timeline import profile_memory
     from .runner import sweep
     from .workload import resolve_config
 
-    ranges.set_enabled(config.ranges)
     models = [
         (size, resolve_config(size, context_length=ctx, **config.overrides))
         for size in config.sizes
@@ -85,6 +83,7 @@ def measure(config: BenchConfig):
         steps=config.steps,
         device=config.device,
         verbose=True,
+        ranges=config.ranges,
     )
 
 

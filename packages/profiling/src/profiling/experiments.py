@@ -65,12 +65,10 @@ def measure(config: ExperimentsConfig) -> dict:
     from harness.results import write_json
 
     from . import experiment_parts as parts
-    from . import ranges
     from .workload import free_device_memory
 
     run = parts.Run(Path(config.out), config.device, config.dry_run)
     run.out.mkdir(parents=True, exist_ok=True)
-    ranges.set_enabled(True)
     start = timeit.default_timer()
 
     def left() -> float:
