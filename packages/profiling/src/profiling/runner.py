@@ -75,6 +75,10 @@ def run_config(
     start = timeit.default_timer()
     try:
         workload = Workload(config, mode, dtype, compile, attention, checkpoint, device, with_ranges=ranges)
+        if verbose:
+            params = sum(p.numel() for p in workload.base_model.parameters())
+            _print_progress(f"built on {device}: {params / 1e6:.0f}M parameters, "
+                            f"{step_flops(config, mode) / 1e12:.2f} TFLOP per step")  # fmt: skip
         times = time_steps(
             workload.step, warmup, steps, device, progress=_print_progress if verbose else None
         )
