@@ -1,0 +1,297 @@
+"""Generated blocks of docs/flashattn.md: the bf16 matmul rates that the attention benchmarks printed."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from . import block
+from .fmt import ROOT, num, table
+
+LINE = re.compile(r"bf16 matmul 8192\^3: (\d+) TFLOP/s")
+
+
+def logged_rates() -> dict[str, int]:
+    """``{log file: TFLOP/s}`` of every ``docs/data/flashattn-*.log`` that printed the matmul rate."""
+    rates = {}
+    for path in sorted((ROOT / "docs/data").glob("flashattn-*.log")):
+        if m := LINE.search(path.read_text()):
+            rates[path.name] = int(m[1])
+    return rates
+
+
+@block("flashattn.matmul-logs")
+def matmul_logs() -> str:
+    rates = logged_rates()
+    return (
+        f"{min(rates.values())} to {max(rates.values())} TFLOP/s in the {len(rates)} benchmark logs of "
+        f"2026-11-29 that printed it (`data/flashattn-*.log`)"
+    )
+
+
+@block("flashattn.forward-share")
+def forward_share() -> str:
+    """Our forward's 533 TFLOP/s (flashattn-tune.csv's best forward) as a share of the logged matmul rates."""
+    tune = pd.read_csv(ROOT / "docs/figures/flashattn-tune.csv")
+    best = tune[tune["kernel"] == "forward"]["TFLOP/s"].max()
+    rates = logged_rates().values()
+    low, high = num(100 * best / max(rates), 0), num(100 * best / min(rates), 0)
+    return f"{num(best, 0)} ({low}-{high}% of the matmul)"
+
+
+def sig3(x: float) -> str:
+    """Three significant digits without an exponent (``0.100``, ``16.4``, ``160``); ``-`` for NaN."""
+    if x != x:
+        return "-"
+    return str(round(x)) if abs(x) >= 100 else f"{x:#.3g}".rstrip(".")
+
+
+@block("flashattn.naive")
+def naive_table() -> str:
+    """Naive attention, eager and compiled side by side (memory columns are those of the eager run)."""
+    d = pd_read("docs/data/flashattn-pytorch-attention-2026-11-29b.csv")
+    eager = d[d["attention"] == "eager"].set_index(["head_dim", "seq"])
+    compiled = d[d["attention"] == "compiled"].set_index(["head_dim", "seq"])
+    rows = []
+    for key, e in eager.iterrows():
+        c = compiled.loc[key]
+        speed = (e["fwd ms"] + e["bwd ms"]) / (c["fwd ms"] + c["bwd ms"])
+        rows.append(
+            [
+                *key,
+                sig3(e["fwd ms"]),
+                sig3(e["bwd ms"]),
+                sig3(c["fwd ms"]),
+                sig3(c["bwd ms"]),
+                f"{speed:.2f}",
+                sig3(e["mem before bwd GiB"]),
+                sig3(e["saved by autograd GiB"]),
+                f"{e['analytic saved GiB']:.3g}",
+                f"{e['analytic peak GiB']:.3g}",
+            ]
+        )
+    cols = [
+        "head_dim",
+        "seq",
+        "eager fwd ms",
+        "eager bwd ms",
+        "compiled fwd ms",
+        "compiled bwd ms",
+        "eager / compiled, fwd+bwd",
+        "mem before bwd GiB",
+        "saved by autograd GiB",
+        "analytic saved GiB",
+        "analytic peak GiB",
+    ]
+    return table(cols, rows, [True] * len(cols))
+
+
+@block("flashattn.naive-memory-identical")
+def naive_memory_identical() -> str:
+    d = pd_read("docs/data/flashattn-pytorch-attention-2026-11-29b.csv")
+    cols = ["mem before bwd GiB", "saved by autograd GiB"]
+    eager = d[d["attention"] == "eager"].set_index(["head_dim", "seq"])[cols]
+    compiled = d[d["attention"] == "compiled"].set_index(["head_dim", "seq"])[cols]
+    same = bool((eager == compiled.loc[eager.index]).all().all())
+    if not same:
+        return "The memory columns below are the eager run's; the compiled run's differ."
+    return (
+        "The two memory columns are the same to the byte for eager and compiled in every cell, so each "
+        "appears once."
+    )
+
+
+@block("flashattn.tune")
+def tune_table() -> str:
+    t = pd_read("docs/figures/flashattn-tune.csv")
+    rows = [
+        [
+            r["kernel"],
+            *(num(r[c], 0) for c in ("block_m", "block_n", "num_warps", "num_stages")),
+            f"{r['ms']:.2f}",
+            num(r["TFLOP/s"], 0),
+        ]
+        for _, r in t.iterrows()
+    ]
+    return table(["kernel", "block_m", "block_n", "num_warps", "num_stages", "ms", "TFLOP/s"], rows)
+
+
+@block("flashattn.multihead")
+def multihead_table() -> str:
+    m = pd_read("docs/data/flashattn-multihead.csv")
+    rows = []
+    for _, r in m.iterrows():
+        naive = r["naive ms"]
+        measured = not isinstance(naive, str) or naive.replace(".", "").isdigit()
+        naive_text = sig3(float(naive)) if measured else naive
+        rows.append(
+            [
+                r["batch"],
+                r["heads"],
+                r["seq"],
+                r["head_dim"],
+                r["pass"],
+                sig3(r["ours ms"]),
+                naive_text,
+                sig3(r["sdpa_flash ms"]),
+                sig3(r["sdpa_cudnn ms"]),
+                num(r["ours TFLOP/s"], 0),
+                sig3(r["naive/ours"]),
+                f"{r['sdpa_flash/ours']:.2f}",
+                f"{r['sdpa_cudnn/ours']:.2f}",
+                f"{r['ours % of matmul']:.1f}",
+            ]
+        )
+    cols = [
+        "batch",
+        "heads",
+        "seq",
+        "head_dim",
+        "pass",
+        "ours ms",
+        "naive ms",
+        "sdpa_flash ms",
+        "sdpa_cudnn ms",
+        "ours TFLOP/s",
+        "naive/ours",
+        "sdpa_flash/ours",
+        "sdpa_cudnn/ours",
+        "ours % of matmul",
+    ]
+    return table(cols, rows, [True, True, True, True, False, *([True] * 9)])
+
+
+FP32_SHOWN = (1024, 4096, 16384, 32768, 65536)
+
+
+@block("flashattn.fp32-sweep")
+def fp32_sweep() -> str:
+    """d 16-64 from the third run's sweep, d 128 from the final-table run; five of the ten lengths."""
+    a = pd_read("docs/data/flashattn-sweep-fp32-2026-11-29c.csv")
+    b = pd_read("docs/data/flashattn-sweep-fp32-d128-final-2026-11-29c.csv")
+    data = pd.concat([a[a["head_dim"] < 128], b]).set_index(["head_dim", "seq", "pass"])
+    rows = []
+    for d in sorted({k[0] for k in data.index}):
+        for s in FP32_SHOWN:
+            row = [d, s]
+            for p in ("fwd", "bwd", "fwd+bwd"):
+                r = data.loc[(d, s, p)]
+                row += [sig3(r["ours ms"]), sig3(r["naive ms"]), sig3(r["naive/ours"])]
+            row.append(f"{data.loc[(d, s, 'fwd+bwd')]['ours TFLOP/s']:.1f}")
+            rows.append(row)
+    cols = [
+        "d",
+        "seq",
+        "ours fwd ms",
+        "naive fwd ms",
+        "naive / ours",
+        "ours bwd ms",
+        "naive bwd ms",
+        "naive / ours",
+        "ours fwd+bwd ms",
+        "naive fwd+bwd ms",
+        "naive / ours",
+        "ours fwd+bwd TFLOP/s",
+    ]
+    return table(cols, rows, [True] * len(cols))
+
+
+def pd_read(path: str) -> pd.DataFrame:
+    return pd.read_csv(ROOT / path)
+
+
+TUNE_FP32 = {
+    (128, "forward"): "docs/data/flashattn-tune-fp32-d128-2026-11-29c.csv",
+    (128, "dkdv"): "docs/data/flashattn-tune-fp32-d128-more-dkdv-2026-11-29c.csv",
+    (128, "dq"): "docs/data/flashattn-tune-fp32-d128-2026-11-29c.csv",
+    (64, "forward"): "docs/data/flashattn-tune-fp32-d64-2026-11-29c.csv",
+    (64, "dkdv"): "docs/data/flashattn-tune-fp32-d64-2026-11-29c.csv",
+    (64, "dq"): "docs/data/flashattn-tune-fp32-d64-2026-11-29c.csv",
+}
+KERNEL_NAMES = {"forward": "forward", "dkdv": "dK/dV", "dq": "dQ"}
+
+
+def _best(tune: pd.DataFrame, kernel: str, dot: str) -> pd.Series:
+    rows = tune[(tune["kernel"] == kernel) & (tune["fp32_dot"] == dot)].dropna(subset=["ms"])
+    return rows.loc[rows["ms"].idxmin()]
+
+
+def _tile(r: pd.Series) -> str:
+    return f"{r['block_m']} x {r['block_n']}, {r['num_warps']} w, {r['num_stages']} s"
+
+
+@block("flashattn.fp32-tiles")
+def fp32_tiles() -> str:
+    """Fastest IEEE and fastest tf32x3 candidate per kernel in the fp32 tuning runs."""
+    rows = []
+    for (d, kernel), path in TUNE_FP32.items():
+        tune = pd_read(path)
+        ieee, tf32 = _best(tune, kernel, "ieee"), _best(tune, kernel, "tf32x3")
+        rows.append(
+            [
+                d,
+                KERNEL_NAMES[kernel],
+                _tile(ieee),
+                f"{ieee['ms']:.2f}",
+                _tile(tf32),
+                f"{tf32['ms']:.2f}",
+                f"{ieee['ms'] / tf32['ms']:.1f}x",
+            ]
+        )
+    cols = [
+        "d",
+        "kernel",
+        "best IEEE tile",
+        "IEEE ms",
+        "best tf32x3 tile (the table's entry)",
+        "tf32x3 ms",
+        "IEEE / tf32x3",
+    ]
+    return table(cols, rows, [True, False, False, True, False, True, True])
+
+
+D_ROWSUM_MS = (
+    0.1  # D = rowsum(O * dO) reads 0.27 GB: about 0.1 ms at the copy bandwidth (estimated, not timed)
+)
+TARGETS = {"forward": 1.25, "backward": 1.1, "forward+backward": 1.15}
+
+
+@block("flashattn.head-shape")
+def head_shape() -> str:
+    """Ours (best tile per kernel; backward = dK/dV + dQ + the D estimate) against SDPA at the head shape."""
+    t = pd_read("docs/figures/flashattn-tune.csv")
+    best = {k: t[t["kernel"] == k]["ms"].min() for k in ("forward", "dkdv", "dq")}
+    fwd_tflops = t[(t["kernel"] == "forward") & (t["ms"] == best["forward"])]["TFLOP/s"].iloc[0]
+    fwd_flop = fwd_tflops * best["forward"]  # TFLOP/s x ms = GFLOP; backward does 2.5x the forward's FLOPs
+    ours = {"forward": best["forward"], "backward": best["dkdv"] + best["dq"] + D_ROWSUM_MS}
+    ours["forward+backward"] = ours["forward"] + ours["backward"]
+    flop = {"forward": fwd_flop, "backward": 2.5 * fwd_flop, "forward+backward": 3.5 * fwd_flop}
+    ms = t.set_index("kernel")["ms"]
+    rows = []
+    for label, p in (("forward", "fwd"), ("backward", "bwd"), ("forward+backward", "fwd+bwd")):
+        flash, cudnn = ms[f"sdpa_flash {p}"], ms[f"sdpa_cudnn {p}"]
+        approx = "" if label == "forward" else "~"
+        rows.append(
+            [
+                label,
+                f"{approx}{sig3(ours[label])}",
+                f"{approx}{flop[label] / ours[label]:.0f}",
+                sig3(flash),
+                f"**{approx}{flash / ours[label]:.2f}x**",
+                f">= {TARGETS[label]}x",
+                sig3(cudnn),
+                f"{approx}{cudnn / ours[label]:.2f}x",
+            ]
+        )
+    cols = [
+        "pass",
+        "ours ms",
+        "ours TFLOP/s",
+        "SDPA flash ms",
+        "flash / ours",
+        "target",
+        "SDPA cuDNN ms",
+        "cuDNN / ours",
+    ]
+    return table(cols, rows)

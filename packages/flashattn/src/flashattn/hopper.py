@@ -1,0 +1,224 @@
+"""The Hopper (sm90) attention path: which calls it covers, and its forward and backward launchers.
+
+Covers CUDA tensors on a compute-capability-9.0 GPU, bf16 or fp16, head dims 64 and 128, causal or not (causal
+needs ``seq_q <= seq_k``, bottom-right aligned), any lengths >= 1, and GQA (``k, v`` with ``H_kv`` heads,
+``H_q % H_kv == 0``). :func:`unsupported_reason` says why a call is not covered; the caller then takes the
+portable kernel of :mod:`flashattn.triton_flash`, whose saved ``lse`` (fp32 ``(batch, heads, seq_q)``, natural
+log) this path reads and writes unchanged, so either backward can follow either forward.
+
+Deterministic: no atomics, every output element written by one program in a fixed order. One compiled kernel
+per (head dim, dtype, causal, tile config) serves every length and head count. The kernels themselves are in
+:mod:`flashattn.hopper_fwd` and :mod:`flashattn.hopper_bwd`; they also run under ``TRITON_INTERPRET=1``
+(fp16 only) for the CPU tests, though :func:`unsupported_reason` sends interpreted calls to the portable path.
+"""
+
+import contextlib
+import functools
+import math
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+import triton
+from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from flashattn.hopper_bwd import dkdv_kernel, dq_kernel
+from flashattn.hopper_fwd import fwd_kernel
+from flashattn.interpret import check_interpreted
+
+LOG2E = math.log2(math.e)
+DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = (64, 128)
+
+
+class HopperTile(NamedTuple):
+    """Launch shape of one kernel: ``block_m`` queries and ``block_n`` keys per tile.
+
+    ``persistent``: one program per SM striding the work items (forward only); ``tile_major``: the
+    heaviest causal tile of every head first (else every tile of one head, heaviest first, then the next);
+    ``warp_spec``: Triton's automatic warp specialisation of the inner loop (producer/consumer warps).
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    persistent: bool = False
+    tile_major: bool = False
+    warp_spec: bool = False
+
+
+class HopperConfigs(NamedTuple):
+    """One :class:`HopperTile` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``."""
+
+    forward: HopperTile
+    dkdv: HopperTile
+    dq: HopperTile
+
+
+# Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
+# at (1, 32, S, 128), S = 8192 and 32768 (docs/flashattn.md, Hopper section); d 64 follows d 128's reasoning.
+_CONFIGS: dict[int, HopperConfigs] = {
+    128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
+    64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
+}
+_pinned: HopperConfigs | None = None
+
+
+def configs_for(head_dim: int) -> HopperConfigs:
+    """The tile table's entry for ``head_dim``, or the one pinned by :func:`pinned_configs`."""
+    return _pinned if _pinned is not None else _CONFIGS[head_dim]
+
+
+@contextlib.contextmanager
+def pinned_configs(configs: HopperConfigs) -> Iterator[None]:
+    """Use ``configs`` for every launch inside the ``with`` block (tests and the ablation pin them)."""
+    global _pinned
+    previous, _pinned = _pinned, configs
+    try:
+        yield
+    finally:
+        _pinned = previous
+
+
+def _shape_reason(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> str | None:
+    """Why the tensors' dtypes and shapes are outside this path, or None."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            return f"{name} is a {type(t).__name__}, not a torch.Tensor"
+        if t.ndim != 4:
+            return f"{name} has shape {tuple(t.shape)}; the Hopper path takes (batch, heads, seq, head_dim)"
+        if t.dtype not in DTYPES:
+            return f"{name} has dtype {t.dtype}; the Hopper path takes bfloat16 or float16"
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        return "q, k and v differ in dtype or device"
+    if k.shape != v.shape:
+        return f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match"
+    (batch, heads, seq_q, head_dim), (batch_k, heads_k, seq_k, head_dim_k) = q.shape, k.shape
+    if head_dim not in HEAD_DIMS or head_dim_k != head_dim:
+        return f"head dims q {head_dim}, k {head_dim_k}; the Hopper path takes {HEAD_DIMS}, equal"
+    if batch_k != batch or heads_k < 1 or heads % heads_k:
+        return f"k has (batch, heads) ({batch_k}, {heads_k}); needs batch {batch} and heads dividing {heads}"
+    if min(batch, heads, seq_q, seq_k) < 1:
+        return f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}"
+    if is_causal and seq_q > seq_k:
+        return f"is_causal=True needs seq_q <= seq_k (bottom-right alignment), got {seq_q} > {seq_k}"
+    return None
+
+
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> str | None:
+    """None when the Hopper path covers ``attention(q, k, v, is_causal)``, else a sentence saying why not."""
+    if not isinstance(is_causal, bool):
+        return f"is_causal is a {type(is_causal).__name__}, not a bool"
+    reason = _shape_reason(q, k, v, is_causal)
+    if reason is not None:
+        return reason
+    if q.device.type != "cuda":
+        return f"q is on {q.device}; the Hopper path needs CUDA tensors"
+    if triton.knobs.runtime.interpret:
+        return "TRITON_INTERPRET=1 is set; interpreted calls take the portable kernel"
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability != (9, 0):
+        return f"the GPU has compute capability {capability}; the Hopper path needs (9, 0)"
+    return None
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> None:
+    reason = _shape_reason(q, k, v, is_causal)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def _check_device(q: Tensor) -> None:
+    if q.device.type != "cuda" and not triton.knobs.runtime.interpret:
+        raise ValueError(f"q is on {q.device}; the Hopper kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    check_interpreted(q)
+
+
+def _tma_ready(t: Tensor) -> Tensor:
+    """``t`` itself when the copy engine can read it (unit last stride, 16-byte aligned), else a copy."""
+    row_bytes_ok = all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+    if t.stride(-1) == 1 and row_bytes_ok and t.data_ptr() % 16 == 0:
+        return t
+    return t.contiguous()
+
+
+def _desc(t: Tensor, rows: int) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]])
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _n_programs(work: int, tile: HopperTile, device: torch.device) -> int:
+    if not tile.persistent:
+        return work
+    if device.type != "cuda":  # the interpreter: a few programs still exercise the striding
+        return min(work, 4)
+    return min(work, _sm_count(device.index if device.index is not None else torch.cuda.current_device()))
+
+
+def _opts(tile: HopperTile) -> dict:
+    return {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
+    """``o`` ``(B, H, Sq, d)`` (contiguous, q's dtype) and fp32 ``lse`` ``(B, H, Sq)`` (natural log)."""
+    _check_shapes(q, k, v, is_causal)
+    _check_device(q)
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    tile = configs_for(head_dim).forward
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    work = triton.cdiv(seq_q, tile.block_m) * batch * heads
+    fwd_kernel[(_n_programs(work, tile, q.device),)](
+        _desc(q, tile.block_m), _desc(k, tile.block_n), _desc(v, tile.block_n), _desc(o, tile.block_m), lse,
+        heads, heads // heads_k, batch * heads, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
+        HEAD_DIM=head_dim, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, CAUSAL=is_causal,
+        PERSISTENT=tile.persistent, TILE_MAJOR=tile.tile_major, WARP_SPEC=tile.warp_spec, **_opts(tile),
+    )  # fmt: skip
+    return o, lse
+
+
+def backward(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``dq, dk, dv`` (contiguous, shaped like ``q, k, v``) from the forward's ``o`` and ``lse``."""
+    _check_shapes(q, k, v, is_causal)
+    if o.shape != q.shape or do.shape != q.shape:
+        raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape {tuple(q.shape)}")
+    if lse.shape != q.shape[:-1] or lse.dtype != torch.float32:
+        raise ValueError(
+            f"lse must be fp32 of shape {tuple(q.shape[:-1])}, got {lse.dtype} {tuple(lse.shape)}"
+        )
+    _check_device(q)
+    q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    configs = configs_for(head_dim)
+    head_counts = (heads, heads // heads_k)
+    qk_scale, sm_scale = LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    delta = torch.empty_like(lse)
+
+    t = configs.dq
+    dq_kernel[(triton.cdiv(seq_q, t.block_m) * batch * heads,)](
+        _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(o, t.block_m),
+        _desc(do, t.block_m), _desc(dq, t.block_m), lse, delta,
+        *head_counts, batch * heads, seq_q, seq_k, qk_scale, sm_scale,
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
+        TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
+    )  # fmt: skip
+    t = configs.dkdv
+    dkdv_kernel[(triton.cdiv(seq_k, t.block_n) * batch * heads_k,)](
+        _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(do, t.block_m),
+        _desc(dk, t.block_n), _desc(dv, t.block_n), lse, delta,
+        *head_counts, batch * heads_k, seq_q, seq_k, qk_scale, sm_scale,
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
+        TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
+    )  # fmt: skip
+    return dq, dk, dv

@@ -1,0 +1,166 @@
+"""Ablation of the Hopper attention path against SDPA (cuDNN, flash) and the portable Triton kernel.
+
+One row per (technique step, pass, causal, length): median milliseconds (``triton.testing.do_bench``),
+TFLOP/s (``4 B H Sq Sk d``, halved when causal, x2.5 for the backward), and ratios to SDPA's cuDNN backend and
+to the portable kernel measured in the same run. Each step pins one tile table through
+:func:`flashattn.hopper.pinned_configs`; ``err`` is the step's relative error against cuDNN's output (forward)
+or gradients (backward), a guard against timing a wrong kernel. Writes ``<out>.csv`` and ``<out>.md``.
+
+    python -m flashattn.hopper_bench --seqs 8192 32768 --out docs/data/flashattn-hopper
+"""
+
+import argparse
+
+FWD_STEPS = {  # name -> forward tile (block_m, block_n, warps, stages, persistent, tile_major, warp_spec)
+    "tma-128x64-s3": (128, 64, 8, 3),
+    "tma-128x128-s2": (128, 128, 8, 2),
+    "tma-128x128-s3": (128, 128, 8, 3),
+    "tma-128x128-s3-tilemajor": (128, 128, 8, 3, False, True),
+    "tma-128x128-s2-persistent": (128, 128, 8, 2, True, True),
+    "tma-128x128-s3-warpspec": (128, 128, 8, 3, False, False, True),
+}
+BWD_STEPS = {  # name -> (dkdv tile, dq tile)
+    "tma-dkdv64x128-s3-dq128x64-s3": ((64, 128, 8, 3), (128, 64, 8, 3)),
+    "tma-dkdv64x128-s2-dq128x64-s2": ((64, 128, 8, 2), (128, 64, 8, 2)),
+    "tma-dkdv64x128-s3-dq128x128-s2": ((64, 128, 8, 3), (128, 128, 8, 2)),
+    "tma-dkdv32x128-s2-dq128x64-s2": ((32, 128, 8, 2), (128, 64, 8, 2)),
+    "tma-dkdv64x128-s3-dq128x64-s3-warpspec": ((64, 128, 8, 3, False, False, True), (128, 64, 8, 3)),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m flashattn.hopper_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=32, help="query heads")
+    p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default: --heads")
+    p.add_argument("--dim", type=int, default=128, choices=(64, 128), help="head dim")
+    p.add_argument(
+        "--seqs", type=int, nargs="+", default=[8192, 32768], help="sequence lengths (seq_q = seq_k)"
+    )
+    p.add_argument("--causal", choices=("both", "causal", "full"), default="both")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--fwd-steps", nargs="*", default=list(FWD_STEPS), help=f"of {list(FWD_STEPS)}")
+    p.add_argument("--bwd-steps", nargs="*", default=list(BWD_STEPS), help=f"of {list(BWD_STEPS)}")
+    p.add_argument("--rep-ms", type=float, default=300.0, help="do_bench repetition time per measurement")
+    p.add_argument("--out", default="hopper-bench", help="output path prefix (.csv and .md are added)")
+    return p.parse_args(argv)
+
+
+def _rel_err(x, ref) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
+
+
+def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
+    """Append the rows of one (length, causal) shape: references first, then every step."""
+    import torch
+    import torch.nn.functional as F
+    from analysis.accounting import attention_flops
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from flashattn import hopper
+    from flashattn.hopper import HopperConfigs, HopperTile
+    from flashattn.triton_flash import FlashAttention2Triton
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    kv_heads = args.kv_heads or args.heads
+    default = hopper.configs_for(args.dim)
+    gen = torch.Generator(device="cuda").manual_seed(seq)
+    shape_q, shape_k = (args.batch, args.heads, seq, args.dim), (args.batch, kv_heads, seq, args.dim)
+    q, do = (torch.randn(shape_q, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    k, v = (torch.randn(shape_k, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    flops = attention_flops(args.batch, args.heads, seq, seq, args.dim, causal=causal)
+
+    def record(step, pas, fn, err=float("nan")):
+        ms = do_bench(fn, warmup=50, rep=args.rep_ms, return_mode="median")
+        tflops = flops * (2.5 if pas == "bwd" else 1.0) / ms / 1e9
+        rows.append({"seq": seq, "causal": causal, "pass": pas, "step": step, "ms": ms, "tflops": tflops,
+                     "err_vs_cudnn": err})  # fmt: skip
+        print(
+            f"S={seq} causal={causal} {pas} {step}: {ms:.3f} ms {tflops:.0f} TFLOP/s err {err:.1e}",
+            flush=True,
+        )
+
+    def sdpa(backend):
+        def attend(q, k, v, causal):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal, enable_gqa=kv_heads < args.heads
+                )
+
+        return attend
+
+    refs = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+    if kv_heads == args.heads:
+        refs["portable"] = FlashAttention2Triton.apply
+    gold = {}
+    for name, fn in refs.items():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with torch.no_grad():
+            record(name, "fwd", lambda fn=fn, leaves=leaves: fn(*leaves, causal))
+        out = fn(*leaves, causal)
+        out.backward(do, retain_graph=True)
+        gold = gold or {"o": out.detach(), "grads": [t.grad.clone() for t in leaves]}
+        record(name, "bwd", lambda out=out: out.backward(do, retain_graph=True))
+
+    def grads_err(grads):
+        return max(_rel_err(g, r) for g, r in zip(grads, gold["grads"], strict=True))
+
+    steps = [("hopper-default", default)]
+    steps += [
+        (n, default._replace(forward=HopperTile(*t))) for n, t in FWD_STEPS.items() if n in args.fwd_steps
+    ]
+    for name, configs in steps:
+        with hopper.pinned_configs(configs):
+            o, lse = hopper.forward(q, k, v, causal)
+            record(name, "fwd", lambda: hopper.forward(q, k, v, causal), _rel_err(o, gold["o"]))
+    steps = [("hopper-default", default)]
+    steps += [(n, HopperConfigs(default.forward, HopperTile(*kv), HopperTile(*dq)))
+              for n, (kv, dq) in BWD_STEPS.items() if n in args.bwd_steps]  # fmt: skip
+    for name, configs in steps:
+        with hopper.pinned_configs(configs):
+            err = grads_err(hopper.backward(q, k, v, o, lse, do, causal))
+            record(name, "bwd", lambda: hopper.backward(q, k, v, o, lse, do, causal), err)
+
+
+def _with_ratios(rows: list[dict], args):
+    """The table with fwd+bwd sums of whole implementations, and ratios to cuDNN and the portable kernel."""
+    import pandas as pd
+    from analysis.accounting import attention_flops
+
+    table = pd.DataFrame(rows)
+    whole = table[~table.step.str.startswith("tma-")]
+    both = whole.groupby(["seq", "causal", "step"], sort=False).agg(
+        ms=("ms", "sum"), err_vs_cudnn=("err_vs_cudnn", "max")
+    )
+    both = both.reset_index().assign(**{"pass": "fwd+bwd"})
+    both["tflops"] = [3.5 * attention_flops(args.batch, args.heads, s, s, args.dim, causal=c) / ms / 1e9
+                      for s, c, ms in zip(both.seq, both.causal, both.ms, strict=True)]  # fmt: skip
+    table = pd.concat([table, both[table.columns]], ignore_index=True)
+    key = ["seq", "causal", "pass"]
+    for ref in ("sdpa-cudnn", "portable"):
+        base = table[table.step == ref].set_index(key)["ms"].rename("base")
+        table = table.join(base, on=key)
+        table[f"vs_{ref}"] = table.pop("base") / table["ms"]
+    return table.sort_values(key, kind="stable")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    rows: list[dict] = []
+    for seq in args.seqs:
+        for causal in {"both": (True, False), "causal": (True,), "full": (False,)}[args.causal]:
+            _measure(args, seq, causal, rows)
+            torch.cuda.empty_cache()
+    table = _with_ratios(rows, args)
+    table.to_csv(f"{args.out}.csv", index=False, float_format="%.4g")
+    markdown = table.to_markdown(index=False, floatfmt=".3g")
+    with open(f"{args.out}.md", "w") as f:
+        f.write(markdown + "\n")
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()

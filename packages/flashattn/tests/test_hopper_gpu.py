@@ -1,0 +1,132 @@
+"""GPU tests of the Hopper path (sm90): error within twice PyTorch's own low-precision attention against a
+float64 reference, poisoned outputs, bitwise-identical repeats, GQA, strided inputs, and ``lse`` shared with
+the portable kernel. Errors are ||x - gold|| / ||gold||."""
+
+import math
+
+import pytest
+import torch
+from flashattn import hopper, reference
+from flashattn.triton_flash import FlashAttention2Triton
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not ON_HOPPER, reason="needs a compute-capability 9.0 GPU")]
+
+CASES = [  # batch, heads_q, heads_kv, seq_q, seq_k, head_dim, causal
+    (2, 3, 3, 1, 1, 64, True),
+    (1, 2, 2, 17, 17, 128, True),
+    (2, 2, 1, 97, 97, 64, False),
+    (1, 4, 4, 1000, 1000, 128, True),
+    (1, 2, 2, 1025, 1025, 64, True),
+    (1, 2, 2, 4097, 4097, 128, True),
+    (1, 2, 2, 4097, 4097, 128, False),
+    (2, 2, 2, 300, 1025, 128, True),
+    (1, 3, 3, 513, 130, 64, False),
+    (1, 32, 8, 1000, 1000, 128, True),
+    (1, 32, 4, 257, 1025, 64, True),
+    (1, 32, 4, 1025, 97, 128, False),
+]
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _rel_err(x, gold):
+    """Relative error, floored at an RMS of 1e-2 where the gold value is (near) zero, e.g. dq at one key."""
+    return ((x.double() - gold).norm() / gold.norm().clamp_min(1e-2 * gold.numel() ** 0.5)).item()
+
+
+def _poison_allocator(nbytes: int) -> None:
+    """Fill memory the caching allocator hands out next with NaN, so unwritten outputs show up."""
+    junk = torch.full((nbytes // 4,), float("nan"), device="cuda")
+    del junk
+
+
+def _inputs(case, dtype, seed):
+    batch, heads, heads_kv, seq_q, seq_k, dim, _ = case
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, do = (
+        torch.randn(batch, heads, seq_q, dim, device="cuda", generator=gen, dtype=dtype) for _ in range(2)
+    )
+    k, v = (
+        torch.randn(batch, heads_kv, seq_k, dim, device="cuda", generator=gen, dtype=dtype) for _ in range(2)
+    )
+    return q, k, v, do
+
+
+def _plain(q, k, v, do, causal):
+    """``o, lse, dq, dk, dv`` of plain attention in the inputs' dtype (K/V heads expanded for GQA)."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    group = q.shape[1] // k.shape[1]
+    o, lse = reference(leaves[0], *(t.repeat_interleave(group, dim=1) for t in leaves[1:]), causal)
+    o.backward(do)
+    return [o.detach(), lse.detach(), *(t.grad for t in leaves)]
+
+
+def _hopper(q, k, v, do, causal):
+    o, lse = hopper.forward(q, k, v, causal)
+    return [o, lse, *hopper.backward(q, k, v, o, lse, do, causal)]
+
+
+def _case_id(c):
+    return f"{c[0]}x{c[1]}/{c[2]}-{c[3]}x{c[4]}-d{c[5]}-{'causal' if c[6] else 'full'}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_error_within_twice_plain_attention(case, dtype):
+    causal = case[-1]
+    q, k, v, do = _inputs(case, dtype, seed=sum(case[:6]))
+    assert hopper.unsupported_reason(q, k, v, causal) is None
+    gold = _plain(*(t.double() for t in (q, k, v, do)), causal)
+    plain = _plain(q, k, v, do, causal)
+    _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
+    ours = _hopper(q, k, v, do, causal)
+    for name, x, p, g in zip(("o", "lse", "dq", "dk", "dv"), ours, plain, gold, strict=True):
+        assert x.shape == g.shape and x.dtype == (torch.float32 if name == "lse" else dtype), name
+        assert torch.isfinite(x).all(), f"{name} has unwritten (NaN) or infinite elements"
+        err, plain_err = _rel_err(x, g), _rel_err(p, g)
+        assert err <= 2 * plain_err + 1e-4, f"{name}: error {err:.2e} vs plain {plain_err:.2e}"
+
+
+@pytest.mark.parametrize("case", [CASES[5], CASES[9]], ids=_case_id)
+def test_repeat_runs_are_bitwise_identical(case):
+    q, k, v, do = _inputs(case, torch.bfloat16, seed=3)
+    first = _hopper(q, k, v, do, case[-1])
+    for _ in range(2):
+        _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
+        again = _hopper(q, k, v, do, case[-1])
+        for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), first, again, strict=True):
+            assert torch.equal(a, b), f"{name} differs between identical runs"
+
+
+def test_strided_inputs_match_contiguous():
+    """The ``(B, S, H, d).transpose(1, 2)`` layout of attention layers, read in place by the descriptors."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    shape = (2, 333, 4, 128)
+    q, k, v, do = (torch.randn(shape, device="cuda", generator=gen, dtype=torch.bfloat16).transpose(1, 2)
+                   for _ in range(4))  # fmt: skip
+    ours = _hopper(q, k, v, do, True)
+    dense = _hopper(*(t.contiguous() for t in (q, k, v, do)), True)
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), ours, dense, strict=True):
+        assert torch.equal(a, b), f"{name}: strided and contiguous inputs disagree"
+
+
+def test_lse_interchangeable_with_portable_kernel():
+    """Same ``lse`` units and shape as the portable kernel: its saved ``L`` drives the Hopper backward."""
+    q, k, v, do = _inputs((1, 4, 4, 777, 1000, 128, True), torch.bfloat16, seed=11)
+    _, lse_h = hopper.forward(q, k, v, True)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o_p = FlashAttention2Triton.apply(*leaves, True)
+    lse_p = o_p.grad_fn.saved_tensors[0]  # the one new tensor the portable forward saves
+    o_p.backward(do)
+    assert lse_p.shape == lse_h.shape and lse_p.dtype == lse_h.dtype
+    torch.testing.assert_close(lse_h, lse_p, atol=1e-3, rtol=0)
+    grads = hopper.backward(q, k, v, o_p.detach(), lse_p, do, True)
+    for name, g, ref in zip(("dq", "dk", "dv"), grads, (t.grad for t in leaves), strict=True):
+        assert _rel_err(g, ref.double()) < 1e-2, name
+
+
+def test_lse_is_natural_log_of_softmax_denominator():
+    q, k, v, _ = _inputs((1, 2, 2, 65, 65, 64, False), torch.float16, seed=2)
+    _, lse = hopper.forward(q, k, v, False)
+    scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(64)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=2e-3, rtol=0)
