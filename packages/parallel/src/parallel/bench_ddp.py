@@ -122,6 +122,7 @@ def report(df, config: DDPConfig) -> None:
     import pandas as pd
     from harness.results import to_markdown, write_table
 
+    from parallel.bench_ddp_steps import TRACED
     from parallel.trace_plot import plot_bucket_sweep, plot_timelines
 
     out = Path(config.out)
@@ -135,9 +136,7 @@ def report(df, config: DDPConfig) -> None:
         write_table(sweep, out / "ddp-sweep", formats=("csv",))
         plot_bucket_sweep(sweep, main_runs, out / "figures" / "ddp-bucket-sweep.png")
     for precision in config.trace_precisions if config.backend == "nccl" else ():
-        traces = {
-            v: out / f"ddp-trace-{v}-{precision}.json.gz" for v in ("naive", "ddp") if v in config.variants
-        }
+        traces = {v: out / f"ddp-trace-{v}-{precision}.json.gz" for v in TRACED if v in config.variants}
         if traces:
             title = f"{df['preset'].iloc[0]}, {precision}, one training step, rank 0"
             summaries = plot_timelines(traces, out / "figures" / f"ddp-overlap-{precision}.png", title=title)
