@@ -3,26 +3,16 @@ import sys
 import time
 
 import pytest
-from harness.cli import (
-    add_device,
-    add_dtypes,
-    add_list,
-    add_out,
-    add_steps,
-    command_parser,
-    positive_float,
-    positive_int,
-    resolve_device,
-)
+from harness import cli
 
 
 def _parser():
-    p = command_parser("python -m demo", "Demo benchmark.\n\nMore text that is not the description.")
-    add_list(p, "--seqs", int, [512, 1024], "sequence lengths")
-    add_steps(p, steps=10, warmup=3)
-    add_dtypes(p, ["fp32", "bf16"])
-    add_out(p)
-    add_device(p)
+    p = cli.command_parser("python -m demo", "Demo benchmark.\n\nMore text that is not the description.")
+    cli.add_list(p, "--seqs", int, [512, 1024], "sequence lengths")
+    cli.add_steps(p, steps=10, warmup=3)
+    cli.add_dtypes(p, ["fp32", "bf16"])
+    cli.add_out(p)
+    cli.add_device(p)
     return p
 
 
@@ -58,13 +48,13 @@ def test_bad_values_name_the_flag_and_what_was_expected(argv, message, capsys):
 
 
 def test_checked_types():
-    assert positive_int("7") == 7 and positive_float("0.5") == 0.5
+    assert cli.positive_int("7") == 7 and cli.positive_float("0.5") == 0.5
     for bad in ("0", "-3", "1.5"):
         with pytest.raises(Exception, match="positive integer"):
-            positive_int(bad)
+            cli.positive_int(bad)
     for bad in ("0", "-1", "inf", "nan", "x"):
         with pytest.raises(Exception, match="positive finite"):
-            positive_float(bad)
+            cli.positive_float(bad)
 
 
 def test_help_shows_description_and_defaults(capsys):
@@ -77,8 +67,8 @@ def test_help_shows_description_and_defaults(capsys):
 def test_resolve_device():
     import torch
 
-    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
-    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert cli.resolve_device("cpu") == "cpu" and cli.resolve_device("cuda:1") == "cuda:1"
+    assert cli.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_cli_module_imports_nothing_heavy():
@@ -87,3 +77,17 @@ def test_cli_module_imports_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
     assert time.perf_counter() - start < 10
+
+
+def test_launch_arguments_and_backend():
+    import torch
+    from harness.cli import add_launch, resolve_backend
+
+    p = cli.command_parser("python -m demo", None)
+    add_launch(p, timeout=60)
+    args = p.parse_args([])
+    assert (args.backend, args.timeout) == ("auto", 60)
+    assert resolve_backend("gloo", 3) == "gloo"
+    assert resolve_backend("auto", 1) == ("nccl" if torch.cuda.is_available() else "gloo")
+    with pytest.raises(ValueError, match="need 1000 GPUs"):
+        resolve_backend("nccl", 1000)

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import torch
 from harness.timing import time_steps
-from profiling import bench, ranges, runner, workload
+from profiling import bench, runner, workload
 from profiling.options import MODES
-from profiling.ranges import range_overhead
+from profiling.ranges import Ranges, range_overhead
 from profiling.workload import resolve_config
 
 
@@ -117,21 +117,21 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="mode"):
         workload.Workload(resolve_config("tiny"), "sideways", device="cpu")
     with pytest.raises(ValueError, match="attention"):
-        workload.attention_function("sparse")
+        workload.attention_function("sparse", Ranges())
 
 
 def test_range_overhead_sees_a_cost_that_only_ranges_pay(monkeypatch):
     now = [0.0]  # a clock that moves only with the steps: the result is exact whatever the machine's load
     monkeypatch.setattr(harness.timing, "timeit", SimpleNamespace(default_timer=lambda: now[0]))
-    monkeypatch.setattr(ranges, "_enabled", False)  # restored after the test whatever happens
+    ranges = Ranges(enabled=False)
     seen = []
 
     def step():
-        seen.append(ranges.enabled())
-        now[0] += 0.004 if ranges.enabled() else 0.002
+        seen.append(ranges.enabled)
+        now[0] += 0.004 if ranges.enabled else 0.002
 
-    result = range_overhead(step, 2, 4, "cpu")
-    assert not ranges.enabled()  # the caller's setting is restored
+    result = range_overhead(step, 2, 4, "cpu", ranges)
+    assert not ranges.enabled  # the caller's setting is restored
     assert seen[:6] == [True] * 3 + [False] * 3 and seen[6:12] == [False] * 3 + [True] * 3  # ABBA, warm call
     assert result["steps_each"] == 8
     assert result["ranges_on_ms"] == pytest.approx(4) and result["ranges_off_ms"] == pytest.approx(2)
@@ -151,4 +151,4 @@ def test_flash_attention_slot_matches_naive(tiny):
 def test_missing_flashattn_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashattn", None)
     with pytest.raises(RuntimeError, match=r"flashattn\.flash_attention"):
-        workload.attention_function("flash")
+        workload.attention_function("flash", Ranges())

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 from cs336_basics import build_model, cross_entropy
-from profiling.checkpointing import CheckpointedLM, run_blocks
+from profiling.checkpointing import apply_checkpointing, run_blocks
 from profiling.options import parse_strategy
 
 STRATEGIES = ["block", "group:2", "group:3", "group:4", "sqrt", "bisect", "optimal"]
@@ -27,7 +27,10 @@ def test_strategy_matches_no_checkpointing(tiny, num_layers, strategy):
     x = torch.randint(0, config.vocab_size, (3, 17))
     y = torch.randint(0, config.vocab_size, (3, 17))
     ref_loss, ref_grads = _loss_and_grads(model, params, x, y)
-    loss, grads = _loss_and_grads(CheckpointedLM(model, strategy), params, x, y)
+    checkpointed = apply_checkpointing(model, strategy)
+    assert checkpointed is model and len(model.layers) == 1 and len(model.layers[0].blocks) == num_layers
+    assert [p is q for p, q in zip(model.parameters(), params, strict=True)] == [True] * len(params)
+    loss, grads = _loss_and_grads(model, params, x, y)
     torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
     for g, ref in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, ref, rtol=1e-6, atol=1e-7)
@@ -62,8 +65,15 @@ def test_recomputation_counts(n):
 def test_no_checkpointing_without_grad(tiny):
     model = build_model(tiny)
     with torch.no_grad():
-        out = CheckpointedLM(model, "optimal")(torch.randint(0, tiny.vocab_size, (2, 9)))
+        out = apply_checkpointing(model, "optimal")(torch.randint(0, tiny.vocab_size, (2, 9)))
     assert out.shape == (2, 9, tiny.vocab_size)
+
+
+def test_the_models_own_forward_still_checks_its_input(tiny):
+    model = apply_checkpointing(build_model(tiny), "sqrt")
+    with pytest.raises(IndexError, match="token ids"):
+        model(torch.full((2, 9), tiny.vocab_size))
+    assert apply_checkpointing(model, "none") is model and len(model.layers) == 1
 
 
 def test_bad_strategy_is_named():
@@ -72,5 +82,7 @@ def test_bad_strategy_is_named():
     for bad in ("group:0", "group:x", "every"):
         with pytest.raises(ValueError, match="checkpoint strategy"):
             parse_strategy(bad)
-    with pytest.raises(ValueError, match="lacks"):
-        CheckpointedLM(torch.nn.Linear(2, 2), "block")
+    with pytest.raises(ValueError, match="layers"):
+        apply_checkpointing(torch.nn.Linear(2, 2), "block")
+    with pytest.raises(ValueError, match="checkpoint strategy"):
+        apply_checkpointing(torch.nn.Linear(2, 2), "every")

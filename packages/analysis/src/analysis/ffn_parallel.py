@@ -1,10 +1,10 @@
 """Parallelism costs of one FFN layer, counted from its list of matmuls and collectives per strategy.
 
-Layer (PROBLEMS.md): ``X1 = X W1``, ``X2 = X W2``, ``Z = f(X1) * X2``, ``Y = Z W3`` with ``X`` of shape
-``(B, D)`` (``B`` tokens of the global batch), ``W1, W2`` of shape ``(D, F)`` and ``W3`` of shape ``(F, D)``
-(``F`` is ``D_FF``). Weights, activations and gradients are fp16 (2 bytes); an ``(a, b) @ (b, c)`` matmul
-costs ``2abc``; a device does ``C`` FLOP/s and sends ``W`` bytes/s; non-matmul work is ignored.
-Collective times come from :mod:`analysis.collectives` (ring algorithms).
+Layer (as the question states it): ``X1 = X W1``, ``X2 = X W2``, ``Z = f(X1) * X2``, ``Y = Z W3`` with
+``X`` of shape ``(B, D)`` (``B`` tokens of the global batch), ``W1, W2`` of shape ``(D, F)`` and ``W3`` of
+shape ``(F, D)`` (``F`` is ``D_FF``). Weights, activations and gradients are fp16 (2 bytes); an
+``(a, b) @ (b, c)`` matmul costs ``2abc``; a device does ``C`` FLOP/s and sends ``W`` bytes/s; non-matmul
+work is ignored. Collective times come from :mod:`analysis.collectives` (ring algorithms).
 
 Every strategy lists, **per device**, the matmuls and collectives of its forward and of its backward pass
 (backward: ``dZ = dY W3^T``, ``dW3 = Z^T dY``, ``dX1 = dZ * X2 * f'(X1)``, ``dX2 = dZ * f(X1)``,

@@ -1,4 +1,4 @@
-"""The model shapes PROBLEMS.md asks about, for reports that may not import the model package.
+"""The model shapes the analysis questions ask about, for reports that may not import the model package.
 
 They mirror ``cs336_basics.presets`` (a test checks that they agree); ``batch`` is the default batch in
 sequences and ``context_length`` the default sequence length.

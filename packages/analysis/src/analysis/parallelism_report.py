@@ -101,8 +101,9 @@ def strategy_section() -> str:
     lines = [
         "## Parallelism costs of the FFN layer",
         "",
-        "Setting (PROBLEMS.md): $X$ is $(B, D)$ with B the tokens of the global batch, $W_1, W_2$ are "
-        "$(D, D_{FF})$, $W_3$ is $(D_{FF}, D)$, fp16 (2 bytes), a matmul $(a,b)(b,c)$ costs $2abc$ FLOPs, "
+        "Setting (as the question states it): $X$ is $(B, D)$ with B the tokens of the global batch, "
+        "$W_1, W_2$ are $(D, D_{FF})$, $W_3$ is $(D_{FF}, D)$, fp16 (2 bytes), a matmul $(a,b)(b,c)$ costs "
+        "$2abc$ FLOPs, "
         "a device does C FLOP/s and sends W bytes/s. `analysis.ffn_parallel` writes each strategy as the "
         "list of matmuls and collectives one device runs; FLOPs are summed from the matmuls, "
         "communication time from the ring formulas above. A pass stops scaling when its communication "

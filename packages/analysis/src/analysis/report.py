@@ -15,7 +15,7 @@ import csv
 import sys
 from pathlib import Path
 
-from harness.cli import command_parser, positive_float, positive_int
+from harness import cli
 
 from .accounting import H200_MEASURED_BF16_MATMUL_FLOPS
 
@@ -105,7 +105,7 @@ def build_report(matmul_flops: float, bandwidth: float, source: str, max_n: int,
 
 
 def parse_args(argv: list[str] | None = None):
-    parser = command_parser("python -m analysis.report", __doc__)
+    parser = cli.command_parser("python -m analysis.report", __doc__)
     parser.add_argument(
         "--out",
         type=Path,
@@ -121,19 +121,22 @@ def parse_args(argv: list[str] | None = None):
     )
     parser.add_argument(
         "--bandwidth-gbps",
-        type=positive_float,
+        type=cli.positive_float,
         default=None,
         help="per-device bandwidth W in GB/s (default: from --collectives-csv, else the measured "
         f"{MEASURED_ALL_REDUCE_BUSBW / 1e9:.0f} GB/s all-reduce bus bandwidth of 2 H200s)",
     )
     parser.add_argument(
         "--matmul-tflops",
-        type=positive_float,
+        type=cli.positive_float,
         default=H200_MEASURED_BF16_MATMUL_FLOPS / 1e12,
         help="accelerator rate C in TFLOP/s (default: measured H200 bf16 matmul)",
     )
     parser.add_argument(
-        "--max-ring", type=positive_int, default=16, help="largest ring size N for the simulator check (>= 2)"
+        "--max-ring",
+        type=cli.positive_int,
+        default=16,
+        help="largest ring size N for the simulator check (>= 2)",
     )
     args = parser.parse_args(argv)
     if args.max_ring < 2:

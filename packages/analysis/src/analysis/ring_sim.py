@@ -107,7 +107,7 @@ class RingAllReduce:
 
 
 class AlternateRingAllReduce:
-    """PROBLEMS.md's variant: in round ``t`` device ``i`` forwards all of ``x_{i-t+1}``, adds ``x_{i-t}``."""
+    """The question's variant: in round ``t`` device ``i`` forwards all of ``x_{i-t+1}``, adds ``x_{i-t}``."""
 
     def __init__(self, vectors: list[np.ndarray]):
         self.n = len(vectors)

@@ -110,3 +110,30 @@ def resolve_device(name: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_launch(parser: argparse.ArgumentParser, timeout: float) -> None:
+    """``--backend`` (``auto``, ``nccl``, ``gloo``) and ``--timeout`` (seconds before workers are killed)
+    of a command that starts a group of processes; resolve the backend with :func:`resolve_backend`."""
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="nccl: one GPU per process; gloo: CPU processes; auto: nccl when CUDA exists",
+    )
+    parser.add_argument(
+        "--timeout", type=positive_float, default=timeout, help="seconds before the workers are killed"
+    )
+
+
+def resolve_backend(name: str, processes: int) -> str:
+    """``auto`` -> ``nccl`` when CUDA is available, else ``gloo``; a ValueError when ``nccl`` would need more
+    GPUs than there are (imports torch)."""
+    import torch
+
+    backend = name if name != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl" and processes > torch.cuda.device_count():
+        raise ValueError(
+            f"{processes} processes with nccl need {processes} GPUs, found {torch.cuda.device_count()}"
+        )
+    return backend

@@ -1,37 +1,41 @@
 """Collective benchmarks, data-parallel wrappers, optimizer-state sharding and FSDP on torch.distributed.
 
 The library imports only torch; the benchmarks (``python -m parallel.bench_*``) also build the reference
-model of ``cs336_basics`` (the optional extra ``parallel[bench]``). Every name below is imported on first
-use, so that ``python -m parallel.<command> --help`` answers before torch (and, for ``save_sharded`` /
-``load_sharded``, ``torch.distributed.checkpoint``, seconds more) is imported.
+model of ``cs336_basics`` (the optional extra ``parallel[bench]``). The public names load their module on
+first use, so ``python -m parallel.bench_* --help`` answers without importing torch.
 """
+
+from __future__ import annotations
 
 import importlib
 
-_WHERE = {
-    "DDP": "ddp",
-    "BucketedDDP": "ddp",
-    "FlatDDP": "ddp",
-    "NaiveDDP": "ddp",
-    "broadcast_module_state": "ddp",
-    "FSDP": "fsdp",
-    "ShardedOptimizer": "zero",
-    "WorkerError": "launch",
-    "free_port": "launch",
-    "init_from_env": "launch",
-    "spawn": "launch",
-    "load_sharded": "checkpoint",
-    "save_sharded": "checkpoint",
+_HOME = {
+    "DDP": "parallel.ddp",
+    "BucketedDDP": "parallel.ddp",
+    "FlatDDP": "parallel.ddp",
+    "NaiveDDP": "parallel.ddp",
+    "broadcast_module_state": "parallel.ddp",
+    "FSDP": "parallel.fsdp",
+    "WorkerError": "parallel.launch",
+    "free_port": "parallel.launch",
+    "init_from_env": "parallel.launch",
+    "spawn": "parallel.launch",
+    "torchrun": "parallel.launch",
+    "ShardedOptimizer": "parallel.zero",
+    "load_sharded": "parallel.checkpoint",
+    "save_sharded": "parallel.checkpoint",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = sorted(_HOME)
 
 
 def __getattr__(name: str):
-    if name not in _WHERE:
+    if name not in _HOME:
         raise AttributeError(f"module 'parallel' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"parallel.{_WHERE[name]}"), name)
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+    return sorted([*globals(), *_HOME])

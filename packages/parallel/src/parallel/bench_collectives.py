@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli import add_list, add_out, command_parser, positive_float, positive_int
+from harness import cli
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 KEY = ["backend", "processes", "collective", "size_mib"]
@@ -140,34 +140,27 @@ def report(df, config: CollectivesConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> CollectivesConfig:
-    p = command_parser("python -m parallel.bench_collectives", __doc__)
-    add_list(p, "--world-sizes", positive_int, [2, 4], "process counts to run, one group of workers each")
-    add_list(p, "--sizes-mib", positive_float, [1, 10, 100, 1024], "float32 tensor sizes S in MiB")
-    add_list(p, "--collectives", str, COLLECTIVES, "collectives to time", choices=COLLECTIVES)
-    p.add_argument(
-        "--backend",
-        choices=["auto", "nccl", "gloo"],
-        default="auto",
-        help="nccl (one GPU per process) or gloo (CPU tensors); auto: nccl when CUDA exists",
+    p = cli.command_parser("python -m parallel.bench_collectives", __doc__)
+    cli.add_list(
+        p, "--world-sizes", cli.positive_int, [2, 4], "process counts to run, one group of workers each"
     )
-    p.add_argument("--warmup", type=positive_int, default=5, help="untimed calls before timing each case")
-    p.add_argument("--steps", type=positive_int, default=30, help="timed calls per case (at least 20)")
-    add_out(p, "results", "folder of collectives.csv (merged into) and figures/ (docs: the tracked results)")
-    p.add_argument(
-        "--timeout", type=positive_float, default=600, help="seconds before the workers are killed"
+    cli.add_list(p, "--sizes-mib", cli.positive_float, [1, 10, 100, 1024], "float32 tensor sizes S in MiB")
+    cli.add_list(p, "--collectives", str, COLLECTIVES, "collectives to time", choices=COLLECTIVES)
+    p.add_argument("--warmup", type=cli.positive_int, default=5, help="untimed calls before timing each case")
+    p.add_argument("--steps", type=cli.positive_int, default=30, help="timed calls per case (at least 20)")
+    cli.add_out(
+        p, "results", "folder of collectives.csv (merged into) and figures/ (docs: the tracked results)"
     )
+    cli.add_launch(p, timeout=600)
     args = p.parse_args(argv)
     if args.steps < 20:
         p.error(f"--steps must be at least 20 (for the 10th / 90th percentiles), got {args.steps}")
     if min(args.world_sizes) < 2:
         p.error(f"--world-sizes must all be >= 2, got {args.world_sizes}")
-    import torch
-
-    backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl" and max(args.world_sizes) > torch.cuda.device_count():
-        p.error(
-            f"--world-sizes {max(args.world_sizes)} needs that many GPUs, found {torch.cuda.device_count()}"
-        )
+    try:
+        backend = cli.resolve_backend(args.backend, max(args.world_sizes))
+    except ValueError as err:
+        p.error(f"--world-sizes: {err}")
     return CollectivesConfig(
         tuple(args.world_sizes),
         tuple(args.sizes_mib),

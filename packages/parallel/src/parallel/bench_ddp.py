@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.cli import add_list, add_out, add_steps, command_parser, positive_float, positive_int
+from harness import cli
 
 VARIANTS = ("local", "naive", "flat", "ddp", "bucketed", "torch", "torch-view")
 PRECISIONS = ("fp32", "bf16")
@@ -122,6 +122,7 @@ def report(df, config: DDPConfig) -> None:
     import pandas as pd
     from harness.results import to_markdown, write_table
 
+    from parallel.bench_ddp_steps import TRACED
     from parallel.trace_plot import plot_bucket_sweep, plot_timelines
 
     out = Path(config.out)
@@ -135,9 +136,7 @@ def report(df, config: DDPConfig) -> None:
         write_table(sweep, out / "ddp-sweep", formats=("csv",))
         plot_bucket_sweep(sweep, main_runs, out / "figures" / "ddp-bucket-sweep.png")
     for precision in config.trace_precisions if config.backend == "nccl" else ():
-        traces = {
-            v: out / f"ddp-trace-{v}-{precision}.json.gz" for v in ("naive", "ddp") if v in config.variants
-        }
+        traces = {v: out / f"ddp-trace-{v}-{precision}.json.gz" for v in TRACED if v in config.variants}
         if traces:
             title = f"{df['preset'].iloc[0]}, {precision}, one training step, rank 0"
             summaries = plot_timelines(traces, out / "figures" / f"ddp-overlap-{precision}.png", title=title)
@@ -153,10 +152,10 @@ def report(df, config: DDPConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> DDPConfig:
-    p = command_parser("python -m parallel.bench_ddp", __doc__)
+    p = cli.command_parser("python -m parallel.bench_ddp", __doc__)
     p.add_argument("--preset", default="xl", help="cs336_basics preset (xl falls back to large on OOM)")
-    p.add_argument("--batch-size", type=positive_int, default=4, help="sequences per GPU")
-    add_list(
+    p.add_argument("--batch-size", type=cli.positive_int, default=4, help="sequences per GPU")
+    cli.add_list(
         p,
         "--precisions",
         str,
@@ -164,7 +163,7 @@ def parse_args(argv: list[str] | None = None) -> DDPConfig:
         "fp32, and bf16 = BF16 autocast over fp32 weights",
         choices=PRECISIONS,
     )
-    add_list(
+    cli.add_list(
         p,
         "--variants",
         str,
@@ -173,11 +172,11 @@ def parse_args(argv: list[str] | None = None) -> DDPConfig:
         choices=VARIANTS,
     )
     p.add_argument(
-        "--bucket-mb", type=positive_float, default=25.0, help="bucket cap of bucketed and torch (MiB)"
+        "--bucket-mb", type=cli.positive_float, default=25.0, help="bucket cap of bucketed and torch (MiB)"
     )
     p.add_argument(
         "--sweep-mb",
-        type=positive_float,
+        type=cli.positive_float,
         nargs="*",
         default=[1, 5, 25, 100, 1000],
         help="bucket caps of the BucketedDDP sweep (MiB); none: no sweep",
@@ -187,28 +186,21 @@ def parse_args(argv: list[str] | None = None) -> DDPConfig:
         ("--trace-precisions", list(PRECISIONS), "precisions at which naive and ddp are traced"),
     ):
         p.add_argument(flag, nargs="*", choices=PRECISIONS, default=default, help=what)
-    add_steps(p, steps=5, warmup=3)
-    p.add_argument("--world-size", type=positive_int, default=2, help="processes (one GPU each with NCCL)")
+    cli.add_steps(p, steps=5, warmup=3)
     p.add_argument(
-        "--backend",
-        choices=["auto", "nccl", "gloo"],
-        default="auto",
-        help="nccl on GPUs; gloo runs on CPU processes (a check, no traces); auto: nccl if CUDA",
+        "--world-size", type=cli.positive_int, default=2, help="processes (one GPU each with NCCL)"
     )
-    add_out(p, "results", "folder for ddp.csv, ddp-sweep.csv, traces and figures/")
-    p.add_argument(
-        "--timeout", type=positive_float, default=1200, help="seconds before the workers are killed"
-    )
+    cli.add_out(p, "results", "folder for ddp.csv, ddp-sweep.csv, traces and figures/")
+    cli.add_launch(p, timeout=1200)
     args = p.parse_args(argv)
     if args.world_size < 2:
         p.error(f"--world-size must be >= 2, got {args.world_size}")
     if args.warmup < 1:
         p.error(f"--warmup must be >= 1, got {args.warmup}")
-    import torch
-
-    backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl" and torch.cuda.device_count() < args.world_size:
-        p.error(f"--world-size {args.world_size} needs that many GPUs, found {torch.cuda.device_count()}")
+    try:
+        backend = cli.resolve_backend(args.backend, args.world_size)
+    except ValueError as err:
+        p.error(f"--world-size: {err}")
     return DDPConfig(
         args.preset,
         args.batch_size,

@@ -16,16 +16,7 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.cli import (
-    add_device,
-    add_dtypes,
-    add_list,
-    add_out,
-    add_steps,
-    command_parser,
-    positive_int,
-    resolve_device,
-)
+from harness import cli
 
 from .options import ATTENTIONS, MODES, SIZES, STRATEGY_NAMES, parse_strategy
 
@@ -60,12 +51,10 @@ def measure(config: BenchConfig):
     """The table of ``config``'s cells (a pandas DataFrame), also written under ``config.out``."""
     import pandas as pd
 
-    from . import ranges
     from .memory_timeline import profile_memory
     from .runner import sweep
     from .workload import resolve_config
 
-    ranges.set_enabled(config.ranges)
     models = [
         (size, resolve_config(size, context_length=ctx, **config.overrides))
         for size in config.sizes
@@ -94,6 +83,7 @@ def measure(config: BenchConfig):
         steps=config.steps,
         device=config.device,
         verbose=True,
+        ranges=config.ranges,
     )
 
 
@@ -114,15 +104,19 @@ def checkpoint_strategy(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> BenchConfig:
-    p = command_parser("python -m profiling.bench", __doc__)
-    add_list(p, "--sizes", str, ["small"], "model presets (cs336_basics.presets), e.g. " + " ".join(SIZES))
-    add_list(
-        p, "--contexts", positive_int, None, "context lengths (tokens per sequence); default the preset's"
+    p = cli.command_parser("python -m profiling.bench", __doc__)
+    cli.add_list(
+        p, "--sizes", str, ["small"], "model presets (cs336_basics.presets), e.g. " + " ".join(SIZES)
     )
-    add_list(
+    cli.add_list(
+        p, "--contexts", cli.positive_int, None, "context lengths (tokens per sequence); default the preset's"
+    )
+    cli.add_list(
         p, "--modes", str, ["train"], "forward (no_grad), forward-backward, train (with AdamW)", choices=MODES
     )
-    add_dtypes(p, ["fp32"], help="fp32, or bf16 / fp16 autocast around forward and loss (fp32 parameters)")
+    cli.add_dtypes(
+        p, ["fp32"], help="fp32, or bf16 / fp16 autocast around forward and loss (fp32 parameters)"
+    )
     p.add_argument(
         "--compile",
         nargs="?",
@@ -132,7 +126,9 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         help="torch.compile the model (bare flag = on; both: each cell with and without)",
     )
     for name in OVERRIDES:
-        p.add_argument(f"--{name.replace('_', '-')}", type=positive_int, help=f"override the presets' {name}")
+        p.add_argument(
+            f"--{name.replace('_', '-')}", type=cli.positive_int, help=f"override the presets' {name}"
+        )
     p.add_argument(
         "--attention",
         choices=ATTENTIONS,
@@ -145,9 +141,9 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         default="none",
         help=f"activation checkpointing: one of {', '.join(STRATEGY_NAMES)}",
     )
-    add_steps(p, steps=10, warmup=5)
+    cli.add_steps(p, steps=10, warmup=5)
     p.add_argument("--no-ranges", action="store_true", help="switch the NVTX / profiler ranges off")
-    add_device(p)
+    cli.add_device(p)
     p.add_argument(
         "--memory-profile",
         action="store_true",
@@ -157,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     p.add_argument(
         "--max-seconds", type=float, help="mark the cells that would start after this long skipped"
     )
-    add_out(p, "results", "folder for the table")
+    cli.add_out(p, "results", "folder for the table")
     p.add_argument("--name", default="bench", help="file stem of the table: <name>.csv and <name>.md")
     args = p.parse_args(argv)
     return BenchConfig(
@@ -172,7 +168,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         warmup=args.warmup,
         steps=args.steps,
         ranges=not args.no_ranges,
-        device=resolve_device(args.device),
+        device=cli.resolve_device(args.device),
         memory_profile=args.memory_profile,
         max_seconds=args.max_seconds,
         out=args.out,

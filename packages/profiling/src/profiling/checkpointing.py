@@ -88,26 +88,33 @@ def run_blocks(blocks: Sequence[Block], x: Tensor, strategy: str) -> Tensor:
     return _memory_optimal(blocks, x)
 
 
-class CheckpointedLM(nn.Module):
-    """A ``BasicsTransformerLM`` whose block stack runs under a checkpointing strategy.
+class CheckpointedStack(nn.Module):
+    """A stack of Transformer blocks run under a checkpointing strategy: ``(x, token_positions) -> x``,
+    the same function as calling the blocks in turn. The blocks stay ``.blocks`` (their code unchanged)."""
 
-    ``(batch, seq)`` token ids -> ``(batch, seq, vocab)`` logits, the same function as ``model``;
-    the wrapped model is ``.model`` (its own code is not changed).
-    """
-
-    def __init__(self, model: nn.Module, strategy: str):
+    def __init__(self, blocks: Sequence[nn.Module], strategy: str):
         super().__init__()
-        for attr in ("token_embeddings", "layers", "ln_final", "lm_head"):
-            if not hasattr(model, attr):
-                raise ValueError(f"model must be a BasicsTransformerLM-like module; it lacks `{attr}`")
         parse_strategy(strategy)
-        self.model, self.strategy = model, strategy
+        self.blocks, self.strategy = nn.ModuleList(blocks), strategy
 
-    def forward(self, in_indices: Tensor) -> Tensor:
-        m = self.model
-        if not torch.compiler.is_compiling():
-            m.check_input(in_indices)
-        positions = torch.arange(in_indices.shape[-1], device=in_indices.device)
-        blocks = [lambda x, layer=layer: layer(x, positions) for layer in m.layers]
-        x = run_blocks(blocks, m.token_embeddings(in_indices), self.strategy)
-        return m.lm_head(m.ln_final(x))
+    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+        stages = [lambda h, block=block: block(h, token_positions) for block in self.blocks]
+        return run_blocks(stages, x, self.strategy)
+
+
+def apply_checkpointing(model: nn.Module, strategy: str) -> nn.Module:
+    """Run ``model``'s blocks (``model.layers``) under ``strategy``; returns ``model`` itself.
+
+    The block list becomes one :class:`CheckpointedStack` holding the same blocks, so the model's own
+    forward (input check, embedding, positions, final norm, head) runs unchanged and its blocks run in
+    the stack; parameters keep their order (their names gain ``layers.0.blocks.``). ``none`` leaves the
+    model as it is. Hooks on the blocks (ranges) stay where they are.
+    """
+    parse_strategy(strategy)
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        what = type(layers).__name__
+        raise ValueError(f"model must hold its Transformer blocks in an nn.ModuleList `layers`, got {what}")
+    if strategy != "none":
+        model.layers = nn.ModuleList([CheckpointedStack(list(layers), strategy)])
+    return model

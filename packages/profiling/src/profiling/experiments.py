@@ -31,7 +31,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli import add_list, add_out, command_parser, non_negative_int, positive_int
+from harness import cli
 
 PARTS = (
     "warmup",
@@ -65,12 +65,10 @@ def measure(config: ExperimentsConfig) -> dict:
     from harness.results import write_json
 
     from . import experiment_parts as parts
-    from . import ranges
     from .workload import free_device_memory
 
     run = parts.Run(Path(config.out), config.device, config.dry_run)
     run.out.mkdir(parents=True, exist_ok=True)
-    ranges.set_enabled(True)
     start = timeit.default_timer()
 
     def left() -> float:
@@ -109,8 +107,8 @@ def measure(config: ExperimentsConfig) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> ExperimentsConfig:
-    p = command_parser("python -m profiling.experiments", __doc__)
-    add_out(p, "results", "output folder; also packed as <out>.tar.gz")
+    p = cli.command_parser("python -m profiling.experiments", __doc__)
+    cli.add_out(p, "results", "output folder; also packed as <out>.tar.gz")
     p.add_argument("--pack", help="path of the .tar.gz written after each part (default <out>.tar.gz)")
     p.add_argument("--budget-s", type=float, default=240, help="start no part after this many seconds")
     p.add_argument(
@@ -119,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> ExperimentsConfig:
     for flag, default, size in (("--big-steps", (2, 5), "xl"), ("--huge-steps", (1, 3), "10B")):
         p.add_argument(
             flag,
-            type=non_negative_int,
+            type=cli.non_negative_int,
             nargs=2,
             default=default,
             metavar=("WARMUP", "STEPS"),
@@ -127,12 +125,12 @@ def parse_args(argv: list[str] | None = None) -> ExperimentsConfig:
         )
     p.add_argument(
         "--overhead-rounds",
-        type=positive_int,
+        type=cli.positive_int,
         default=40,
         help="alternating rounds of 10 steps for each overhead measurement",
     )
     p.add_argument("--device", default="cuda", help="torch device")
-    add_list(p, "--only", str, PARTS, "parts to run", choices=PARTS)
+    cli.add_list(p, "--only", str, PARTS, "parts to run", choices=PARTS)
     p.add_argument(
         "--dry-run", action="store_true", help="tiny preset, contexts / 16: check the script on a CPU"
     )

@@ -26,7 +26,6 @@ from harness.trace import activities
 from torch.autograd import DeviceType
 from torch.profiler import profile
 
-from . import ranges
 from .workload import Workload, resolve_config
 
 MATMUL_KERNEL = re.compile(r"gemm|cutlass|xmma|nvjet|wgmma|cublas|matmul|_mma|^aten::(mm|bmm|addmm)$",
@@ -48,8 +47,8 @@ def range_family(name: str) -> str:
 def profile_steps(workload: Workload, steps: int = 3, warmup: int = 2) -> tuple[list, float]:
     """Profile ``steps`` steps after ``warmup``; returns the profiler's events and the synced mean ms
     of the same number of unprofiled steps (the Python timer)."""
-    if not ranges.enabled():
-        raise RuntimeError("kernel tables need the ranges on (profiling.ranges.set_enabled(True))")
+    if not workload.ranges.enabled:
+        raise RuntimeError("kernel tables need the workload's ranges on (Workload(..., with_ranges=True))")
     timer_ms = summarize(time_steps(workload.step, warmup, steps, workload.device))["mean_ms"]
     with profile(activities=activities(workload.device)) as prof:
         for _ in range(steps):

@@ -13,16 +13,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli import (
-    add_device,
-    add_dtypes,
-    add_list,
-    add_out,
-    add_steps,
-    command_parser,
-    positive_int,
-    resolve_device,
-)
+from harness import cli
 
 from .options import MODES
 
@@ -71,14 +62,14 @@ def report(kernels, summary, config: KernelsConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> KernelsConfig:
-    p = command_parser("python -m profiling.kernels", __doc__)
-    add_list(p, "--sizes", str, ["small"], "model presets")
-    add_list(p, "--contexts", positive_int, [512], "context lengths")
-    add_list(p, "--modes", str, ["forward", "train"], "modes", choices=MODES)
-    add_dtypes(p, ["fp32"])
-    add_steps(p, steps=3, warmup=2)
-    add_device(p)
-    add_out(p)
+    p = cli.command_parser("python -m profiling.kernels", __doc__)
+    cli.add_list(p, "--sizes", str, ["small"], "model presets")
+    cli.add_list(p, "--contexts", cli.positive_int, [512], "context lengths")
+    cli.add_list(p, "--modes", str, ["forward", "train"], "modes", choices=MODES)
+    cli.add_dtypes(p, ["fp32"])
+    cli.add_steps(p, steps=3, warmup=2)
+    cli.add_device(p)
+    cli.add_out(p)
     p.add_argument("--name", default="kernels", help="file stem: <name>.csv/.md and <name>-summary.csv/.md")
     args = p.parse_args(argv)
     return KernelsConfig(
@@ -88,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> KernelsConfig:
         tuple(args.dtypes),
         args.steps,
         args.warmup,
-        resolve_device(args.device),
+        cli.resolve_device(args.device),
         args.out,
         args.name,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.cli import DTYPE_NAMES, add_out, command_parser, positive_int
+from harness import cli
 
 from .options import MODES
 
@@ -46,13 +46,13 @@ def measure(config: MemoryConfig):
 
 
 def parse_args(argv: list[str] | None = None) -> MemoryConfig:
-    p = command_parser("python -m profiling.memory", __doc__)
+    p = cli.command_parser("python -m profiling.memory", __doc__)
     p.add_argument("--preset", default="small", help="model preset")
-    p.add_argument("--context", type=positive_int, default=512, help="context length")
+    p.add_argument("--context", type=cli.positive_int, default=512, help="context length")
     p.add_argument("--mode", choices=MODES, default="train", help="forward, forward-backward or train")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="fp32", help="fp32 or bf16 / fp16 autocast")
-    p.add_argument("--steps", type=positive_int, default=2, help="recorded steps")
-    add_out(p)
+    p.add_argument("--dtype", choices=cli.DTYPE_NAMES, default="fp32", help="fp32 or bf16 / fp16 autocast")
+    p.add_argument("--steps", type=cli.positive_int, default=2, help="recorded steps")
+    cli.add_out(p)
     p.add_argument("--stem", help="file stem (default memory-<preset>-<context>-<mode>-<dtype>)")
     return MemoryConfig(**vars(p.parse_args(argv)))
 

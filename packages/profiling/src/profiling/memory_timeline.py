@@ -25,7 +25,6 @@ import torch
 from harness.results import atomic_path, new_figure, save_figure, write_json, write_table
 from harness.timing import synchronize
 
-from . import ranges
 from .workload import Workload, free_device_memory, is_oom, resolve_config
 
 PHASE_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer_step": "tab:green"}
@@ -197,7 +196,7 @@ def record(workload: Workload, steps: int, max_entries: int = 1_000_000) -> dict
     status = "ok"
     torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     try:
-        with ranges.log_phases() as phases:
+        with workload.ranges.log_phases() as phases:
             try:
                 for _ in range(steps):
                     workload.step()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli import add_device, command_parser, resolve_device
+from harness import cli
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,11 @@ def report(accumulation, dtypes, config: PrecisionConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> PrecisionConfig:
-    p = command_parser("python -m profiling.precision", __doc__)
-    add_device(p)
+    p = cli.command_parser("python -m profiling.precision", __doc__)
+    cli.add_device(p)
     p.add_argument("--out", help="folder for the precision-accumulation and precision-autocast tables")
     args = p.parse_args(argv)
-    return PrecisionConfig(resolve_device(args.device), args.out)
+    return PrecisionConfig(cli.resolve_device(args.device), args.out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,11 +49,12 @@ def run_config(
     steps: int = 10,
     device: str = "cuda",
     verbose: bool = False,
+    ranges: bool = True,
 ) -> dict:
     """Benchmark one configuration; a row with status ``ok`` or ``OOM``, times in ms, ``step_ms`` list.
 
-    ``verbose`` prints a line after every step (to stderr). Other exceptions propagate. The model and
-    its memory are released before returning.
+    ``verbose`` prints a line after every step (to stderr); ``ranges=False`` switches the workload's
+    ranges off. Other exceptions propagate. The model and its memory are released before returning.
     """
     row = {
         "d_model": config.d_model,
@@ -73,7 +74,11 @@ def run_config(
         torch.cuda.reset_peak_memory_stats(device)
     start = timeit.default_timer()
     try:
-        workload = Workload(config, mode, dtype, compile, attention, checkpoint, device)
+        workload = Workload(config, mode, dtype, compile, attention, checkpoint, device, with_ranges=ranges)
+        if verbose:
+            params = sum(p.numel() for p in workload.base_model.parameters())
+            _print_progress(f"built on {device}: {params / 1e6:.0f}M parameters, "
+                            f"{step_flops(config, mode) / 1e12:.2f} TFLOP per step")  # fmt: skip
         times = time_steps(
             workload.step, warmup, steps, device, progress=_print_progress if verbose else None
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.cli import DTYPE_NAMES, add_device, command_parser, positive_int, resolve_device
+from harness import cli
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,16 @@ def report(result: dict, config: SavedConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> SavedConfig:
-    p = command_parser("python -m profiling.saved", __doc__)
+    p = cli.command_parser("python -m profiling.saved", __doc__)
     p.add_argument("--preset", default="small", help="model preset")
-    p.add_argument("--context", type=positive_int, help="context length (default the preset's)")
-    p.add_argument("--batch", type=positive_int, help="batch size (default the preset's)")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="fp32", help="fp32, or bf16 / fp16 autocast")
-    p.add_argument("--top", type=positive_int, default=5, help="operations to list")
-    add_device(p)
+    p.add_argument("--context", type=cli.positive_int, help="context length (default the preset's)")
+    p.add_argument("--batch", type=cli.positive_int, help="batch size (default the preset's)")
+    p.add_argument("--dtype", choices=cli.DTYPE_NAMES, default="fp32", help="fp32, or bf16 / fp16 autocast")
+    p.add_argument("--top", type=cli.positive_int, default=5, help="operations to list")
+    cli.add_device(p)
     args = p.parse_args(argv)
     return SavedConfig(
-        args.preset, args.context, args.batch, args.dtype, args.top, resolve_device(args.device)
+        args.preset, args.context, args.batch, args.dtype, args.top, cli.resolve_device(args.device)
     )
 
 

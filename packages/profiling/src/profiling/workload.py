@@ -17,17 +17,18 @@ import torch
 from cs336_basics import AdamW, ModelConfig, build_model, cross_entropy, get_preset, naive_attention
 from torch import Tensor, nn
 
-from . import ranges
-from .checkpointing import CheckpointedLM
-from .options import ATTENTIONS, MODES, parse_strategy
+from .checkpointing import apply_checkpointing
+from .options import ATTENTIONS, MODES
+from .ranges import Ranges
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def attention_function(name: str) -> Callable[[Tensor, Tensor, Tensor, bool], Tensor]:
-    """``naive``: the reference math with a range per part; ``flash``: ``flashattn.flash_attention``."""
+def attention_function(name: str, ranges: Ranges) -> Callable[[Tensor, Tensor, Tensor, bool], Tensor]:
+    """``naive``: the reference math with a range per part (of ``ranges``); ``flash``:
+    ``flashattn.flash_attention``."""
     if name == "naive":
-        return ranges.annotated_attention
+        return ranges.attention
     if name == "flash":
         try:
             from flashattn import flash_attention
@@ -73,6 +74,8 @@ class Workload:
     checkpoint: str = "none"
     device: str = "cuda"
     seed: int = 0
+    with_ranges: bool = True  # False: every range of this workload off (see profiling.ranges)
+    ranges: Ranges = field(init=False)
     model: nn.Module = field(init=False)
     inputs: Tensor = field(init=False)
     targets: Tensor = field(init=False)
@@ -84,15 +87,15 @@ class Workload:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         torch.manual_seed(self.seed)
-        base = build_model(self.config, device=self.device, attention_fn=attention_function(self.attention))
+        self.ranges = Ranges(self.with_ranges)
+        attention_fn = attention_function(self.attention, self.ranges)
+        base = build_model(self.config, device=self.device, attention_fn=attention_fn)
         self.base_model = base
-        self.hooks = [] if self.compile else ranges.annotate_blocks(base)
+        self.hooks = [] if self.compile else self.ranges.annotate_blocks(base)
         if self.compile and self.attention == "naive":
             base.set_attention_fn(naive_attention)
-        model: nn.Module = base
-        if parse_strategy(self.checkpoint) != ("none", 0):
-            model = CheckpointedLM(base, self.checkpoint)
-        self.model = torch.compile(model) if self.compile else model
+        apply_checkpointing(base, self.checkpoint)  # after the block ranges: their hooks stay on the blocks
+        self.model = torch.compile(base) if self.compile else base
         shape = (self.config.batch_size, self.config.context_length)
         self.inputs = torch.randint(0, self.config.vocab_size, shape, device=self.device)
         self.targets = torch.randint(0, self.config.vocab_size, shape, device=self.device)
@@ -107,20 +110,20 @@ class Workload:
 
     def loss(self) -> Tensor:
         """Forward pass and loss, in the ``forward`` range."""
-        with ranges.annotate("forward"), self.autocast():
+        with self.ranges.annotate("forward"), self.autocast():
             return cross_entropy(self.model(self.inputs), self.targets)
 
     def step(self) -> None:
         """One step of this workload's mode (no synchronization)."""
         if self.mode == "forward":
-            with torch.no_grad(), ranges.annotate("forward"), self.autocast():
+            with torch.no_grad(), self.ranges.annotate("forward"), self.autocast():
                 self.model(self.inputs)
             return
         loss = self.loss()
-        with ranges.annotate("backward"):
+        with self.ranges.annotate("backward"):
             loss.backward()
         if self.optimizer is not None:
-            with ranges.annotate("optimizer_step"):
+            with self.ranges.annotate("optimizer_step"):
                 self.optimizer.step()
         self.base_model.zero_grad(set_to_none=True)
 
@@ -130,4 +133,3 @@ class Workload:
             handle.remove()
         self.optimizer = None
         self.base_model.zero_grad(set_to_none=True)
-
