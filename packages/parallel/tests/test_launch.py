@@ -58,6 +58,10 @@ def test_spawn_start_method_runs_functions_of_test_files():
 
 
 def test_single_worker_after_parent_used_threads():
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    (torch.randn(256, 256) @ torch.randn(256, 256)).sum()  # the parent's OpenMP pool is now live
-    assert spawn(_sum_ranks, 1, 2.0, timeout=60) == [2.0]
+    try:
+        (torch.randn(256, 256) @ torch.randn(256, 256)).sum()  # the parent's OpenMP pool is now live
+        assert spawn(_sum_ranks, 1, 2.0, timeout=60) == [2.0]
+    finally:
+        torch.set_num_threads(threads)  # later tests keep the thread count they were started with
