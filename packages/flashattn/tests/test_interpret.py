@@ -62,12 +62,16 @@ def test_interpreter_refuses_bfloat16_by_name(user_run):
     assert "TRITON_INTERPRET=1" in message and "float16, float32" in message
 
 
+# The knob is switched through its environment variable: assigning the knob itself would outlive the
+# test (triton keeps the assigned value and exports it), and modules defined later would not be interpreted.
 def test_check_is_a_no_op_when_compiled(monkeypatch):
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not triton.knobs.runtime.interpret
     check_interpreted(torch.zeros(2, 3, 16, dtype=torch.bfloat16))
 
 
 def test_check_refuses_under_the_interpreter(monkeypatch):
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton.knobs.runtime.interpret
     with pytest.raises(ValueError, match=r"torch\.float64, which Triton's interpreter"):
         check_interpreted(torch.zeros(2, 3, 16, dtype=torch.float64))
