@@ -8,13 +8,12 @@ the fastest (on a CPU "auto" is SDPA's math backend).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
+from harness.timing import time_steps
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
@@ -30,12 +29,9 @@ def sdpa(backend: str) -> AttentionFn:
     """SDPA restricted to ``backend`` ("cudnn", "flash", "efficient" or "math")."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
-    chosen = [_BACKENDS[backend]]
+    from flashattn.benchutil import sdpa as pinned
 
-    def attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        with sdpa_kernel(chosen):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-
+    attention = pinned(_BACKENDS[backend])
     attention.__name__ = f"sdpa_{backend}"
     return attention
 
@@ -57,14 +53,8 @@ def time_fwd_bwd(
     """Median seconds of one causal forward + backward of ``fn`` on random ``(B, H, S, D)`` inputs."""
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
     grad = torch.randn(shape, device=device, dtype=dtype)
-    times = []
-    for _ in range(repeats + 1):
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn(q, k, v, True).backward(grad)
-        torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times[1:])[len(times[1:]) // 2]
+    times = sorted(time_steps(lambda: fn(q, k, v, True).backward(grad), 1, repeats, device))
+    return times[len(times) // 2]
 
 
 def choose_attention(

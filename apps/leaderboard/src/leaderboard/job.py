@@ -83,21 +83,9 @@ def plan_job(args: argparse.Namespace, argv: list[str], launch_time: float) -> J
     if args.data is not None:
         out = args.out or Path("results") / f"train-{recipe.name}"
         training = TrainingRun.checked(args.data, args.valid, args.save, args.resume, out, recipe)
-    return Job(
-        recipe,
-        ranks,
-        use_gpus=gpus > 0,
-        launch_time=launch_time,
-        argv=tuple(argv),
-        check=args.check,
-        baseline=args.baseline,
-        ablation=args.ablation,
-        time_budget=args.time_budget,
-        row_steps=args.row_steps,
-        json=args.json,
-        training=training,
-        timeout=args.timeout,
-    )
+    options = ("check", "baseline", "ablation", "time_budget", "row_steps", "json", "timeout")  # Job = args
+    return Job(recipe, ranks, use_gpus=gpus > 0, launch_time=launch_time, argv=tuple(argv), training=training,
+               **{name: getattr(args, name) for name in options})  # fmt: skip
 
 
 def run_job(rank: int, world_size: int, job: Job) -> dict:

@@ -165,8 +165,9 @@ def train(
 ) -> dict:
     """Train ``recipe`` on ``run.data``; every rank returns the loss history and what was saved."""
     from cs336_basics import get_batch, get_lr_cosine_schedule
+    from harness.timing import synchronize
 
-    from .worker import build_trainer, max_over_ranks, mean_over_ranks, synchronize
+    from .worker import build_trainer, max_over_ranks, mean_over_ranks
 
     recipe.validate(world_size)
     say = log if rank == 0 else (lambda *_: None)

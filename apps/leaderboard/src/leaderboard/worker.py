@@ -12,17 +12,13 @@ import time
 
 import torch
 import torch.distributed as dist
+from harness.timing import synchronize
 
 from .baseline import build_baseline
 from .metrics import GIB, StepRecord, format_step, median_seconds, peak_memory_gib, throughput
 from .optimized import build_optimized
 from .recipes import Recipe, ablation_alternatives, ablation_steps
 from .trainer import Trainer, random_batch
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def max_over_ranks(value: float, device: torch.device) -> float:

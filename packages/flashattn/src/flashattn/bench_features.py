@@ -17,10 +17,9 @@ import math
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
-from flashattn.benchutil import time_passes
+from flashattn.benchutil import sdpa, time_passes
 from flashattn.precompile import Variant
 from flashattn.triton_flash import FlashAttention2Triton
 from flashattn.varlen import flash_attention_varlen
@@ -53,10 +52,11 @@ def _randn(*shape):
     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
 
-def _time(fn, q, k, v, args) -> dict[str, float]:
-    """ms of forward, backward, forward+backward of ``fn(q, k, v)``, or NaN where it refuses or runs out."""
+def _time(fn, q, k, v, args, causal: bool = True) -> dict[str, float]:
+    """ms of forward, backward, forward+backward of ``fn(q, k, v, causal)``, or NaN where it refuses or runs
+    out."""
     try:
-        return time_passes(lambda a, b, c, causal: fn(a, b, c), q, k, v, True, args.warmup_ms, args.rep_ms)
+        return time_passes(fn, q, k, v, causal, args.warmup_ms, args.rep_ms)
     except (RuntimeError, torch.OutOfMemoryError) as exc:
         print(f"  refused: {type(exc).__name__}: {str(exc)[:90]}", flush=True)
         return dict.fromkeys(("fwd", "bwd", "fwd+bwd"), math.nan)
@@ -64,18 +64,8 @@ def _time(fn, q, k, v, args) -> dict[str, float]:
         torch.cuda.empty_cache()
 
 
-def _sdpa(backend: SDPBackend, mask=None):
-    def attend(q, k, v):
-        with sdpa_kernel(backend):
-            if mask is None:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-    return attend
-
-
 def _ours(window=None):
-    return lambda q, k, v: FlashAttention2Triton.apply(q, k, v, True, window)
+    return lambda q, k, v, causal: FlashAttention2Triton.apply(q, k, v, causal, window)
 
 
 def _measurements(args) -> dict[str, tuple[dict, float]]:
@@ -87,12 +77,12 @@ def _measurements(args) -> dict[str, tuple[dict, float]]:
     out["ours mha 32/32"] = (_time(_ours(), q, _randn(1, 32, seq, 128), _randn(1, 32, seq, 128), args), flops)
     wide = [t.repeat_interleave(4, dim=1) for t in kv]
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-        out[f"sdpa_{name} expanded 32/32"] = (_time(_sdpa(backend), q, *wide, args), flops)
+        out[f"sdpa_{name} expanded 32/32"] = (_time(sdpa(backend), q, *wide, args), flops)
     del q, kv, wide
     big = [_randn(1, 16, seq, 256) for _ in range(3)]
     out["ours d256 16 heads"] = (_time(_ours(), *big, args), _causal_flops(16, seq, 256))
     out["sdpa_flash d256 16 heads"] = (
-        _time(_sdpa(SDPBackend.FLASH_ATTENTION), *big, args),
+        _time(sdpa(SDPBackend.FLASH_ATTENTION), *big, args),
         out["ours d256 16 heads"][1],
     )
     out["ours d128 32 heads"] = out["ours mha 32/32"]
@@ -103,7 +93,7 @@ def _measurements(args) -> dict[str, tuple[dict, float]]:
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     packed = [_randn(total, heads, 128) for _ in range(3)]
     docs_flops = sum(_causal_flops(heads, n, 128) for n in lengths)
-    varlen = lambda q, k, v: flash_attention_varlen(q, k, v, cu, cu, longest, longest, True)
+    varlen = lambda q, k, v, causal: flash_attention_varlen(q, k, v, cu, cu, longest, longest, causal)
     out["ours packed"] = (_time(varlen, *packed, args), docs_flops)
     del packed
     padded = [_randn(len(lengths), heads, longest, 128) for _ in range(3)]
@@ -117,7 +107,7 @@ def _measurements(args) -> dict[str, tuple[dict, float]]:
         ("cudnn", SDPBackend.CUDNN_ATTENTION),
         ("efficient", SDPBackend.EFFICIENT_ATTENTION),
     ):
-        times = _time(_sdpa(backend, mask), *padded, args)
+        times = _time(sdpa(backend, attn_mask=mask), *padded, args, causal=False)  # the mask is causal
         out[f"sdpa_{name} padded+mask"] = (times, _causal_flops(heads, longest, 128, False) * len(lengths))
         if not math.isnan(times["fwd+bwd"]) and (best is None or times["fwd+bwd"] < out[best][0]["fwd+bwd"]):
             best = f"sdpa_{name} padded+mask"
@@ -132,8 +122,7 @@ def _measurements(args) -> dict[str, tuple[dict, float]]:
     pairs = WINDOW[0] * (WINDOW[0] + 1) / 2 + (seq - WINDOW[0]) * (WINDOW[0] + 1)
     out["ours window 4096"] = (_time(_ours(WINDOW), *qkv, args), _pairs_flops(heads, 128, pairs))
     out["ours causal 32768"] = (_time(_ours(), *qkv, args), _causal_flops(heads, seq, 128))
-    full = lambda q, k, v: FlashAttention2Triton.apply(q, k, v, False, None)
-    out["ours full 32768"] = (_time(full, *qkv, args), _causal_flops(heads, seq, 128, causal=False))
+    out["ours full 32768"] = (_time(_ours(), *qkv, args, causal=False), _causal_flops(heads, seq, 128, False))
     return out
 
 

@@ -24,20 +24,10 @@ SAVED_SCORE_TENSORS = 1
 PEAK_SCORE_TENSORS = 3
 
 
-def _timed_loop(fn, iters: int) -> float:
-    import torch
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters * 1e3
-
-
 def measure(attend, batch: int, seq: int, head_dim: int, dtype, iters: int, warmup: int) -> dict:
     """Per-pass forward and backward ms and the memory allocated before backward (GiB), or an OOM status."""
     import torch
+    from harness.timing import back_to_back
 
     row = {"fwd ms": math.nan, "bwd ms": math.nan, "mem before bwd GiB": math.nan, "status": "ok"}
     try:
@@ -48,14 +38,14 @@ def measure(attend, batch: int, seq: int, head_dim: int, dtype, iters: int, warm
         do = torch.randn(batch, seq, head_dim, device="cuda", dtype=dtype)
         for _ in range(warmup):
             attend(q, k, v).backward(do)
-        row["fwd ms"] = _timed_loop(lambda: attend(q, k, v), iters)
+        row["fwd ms"] = back_to_back(lambda: attend(q, k, v), iters, "cuda") * 1e3
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         o = attend(q, k, v)
         torch.cuda.synchronize()
         row["mem before bwd GiB"] = torch.cuda.memory_allocated() / 2**30
         row["saved by autograd GiB"] = (torch.cuda.memory_allocated() - before) / 2**30
-        row["bwd ms"] = _timed_loop(lambda: o.backward(do, retain_graph=True), iters)
+        row["bwd ms"] = back_to_back(lambda: o.backward(do, retain_graph=True), iters, "cuda") * 1e3
     except torch.OutOfMemoryError:
         row["status"] = "OOM"
     finally:
@@ -81,8 +71,10 @@ def main() -> None:
     require_cuda("flashattn.bench_pytorch_attention")
     import pandas as pd
     import torch
+    from harness.environment import environment
+    from harness.results import to_markdown, write_table
 
-    from flashattn.benchutil import DTYPES, environment, write_table
+    from flashattn.benchutil import DTYPES
     from flashattn.plain import naive_attention
 
     dtype = DTYPES[args.dtype]
@@ -106,7 +98,7 @@ def main() -> None:
         times = f"fwd {row['fwd ms']:.3f} ms, bwd {row['bwd ms']:.3f} ms"
         print(f"[{took:.0f}s] {name} d={head_dim} seq={seq}: {times}, {row['mem before bwd GiB']:.2f} GiB "
               f"{row['status']}", flush=True)  # fmt: skip
-        write_table(pd.DataFrame(rows), args.out, "pytorch_attention")  # kept current if the run is cut short
+        write_table(pd.DataFrame(rows), args.out / "pytorch_attention", ".3g")  # kept if the run is cut short
     df = pd.DataFrame(rows)
     seq = max(args.seqs)
     while PEAK_SCORE_TENSORS * args.batch * seq * seq * dtype.itemsize < total:
@@ -114,7 +106,7 @@ def main() -> None:
     print(
         f"\nby the analytic count, batch {args.batch} first runs out of {total / 2**30:.0f} GiB at seq {seq}"
     )
-    print(df.to_markdown(index=False, floatfmt=".3f"))
+    print(to_markdown(df, ".3f"))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.environment import environment
+from harness.results import new_figure, save_figure, to_markdown, write_table
 
 from flashattn.bench_features import FEATURE_VARIANTS, feature_table
-from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, environment, matmul_tflops, time_passes, write_table
+from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, matmul_tflops, time_passes
 from flashattn.precompile import Variant, precompile
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
@@ -83,20 +85,13 @@ def _run_grid(shapes, dtypes, impls, args, label: str) -> pd.DataFrame:
         fb = rows[-1]
         print(f"[{label} {i}/{len(cells)} {time.perf_counter() - start:.0f}s] {shape} {dtype} {impl}: "
               f"fwd+bwd {fb['ms']:.3f} ms {fb['status']}", flush=True)  # fmt: skip
-        write_table(
-            pd.DataFrame(rows), args.out, f"{label}_cells", markdown=False
-        )  # survives a cut-short run
+        write_table(pd.DataFrame(rows), args.out / f"{label}_cells", formats=("csv",))  # kept if cut short
     return pd.DataFrame(rows)
 
 
 def _plot(sweep: pd.DataFrame, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     data = sweep[(sweep["dtype"] == "bfloat16") & (sweep["head_dim"] == sweep["head_dim"].max())]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
+    fig, axes = new_figure(1, 3, figsize=(15, 4.2), sharey=True)
     for ax, p in zip(axes, PASSES, strict=True):
         for impl, group in data[data["pass"] == p].groupby("impl"):
             ax.plot(group["seq"], group["TFLOP/s"], marker="o", label=impl)
@@ -104,9 +99,7 @@ def _plot(sweep: pd.DataFrame, out: Path) -> None:
     axes[0].set_ylabel("TFLOP/s")
     axes[0].legend()
     fig.tight_layout()
-    tmp = out / "flashattn-bench.tmp.png"
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(out / "flashattn-bench.png")
+    save_figure(fig, out / "flashattn-bench.png")
 
 
 def run(args) -> None:
@@ -123,9 +116,9 @@ def run(args) -> None:
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
 
     def publish(name: str, table: pd.DataFrame) -> None:
-        write_table(table, args.out, name)
+        write_table(table, args.out / name, ".3g")
         print(f"\n## {name} ({env['device']}, bf16 matmul {peak:.0f} TFLOP/s)\n")
-        print(table.to_markdown(index=False), flush=True)
+        print(to_markdown(table, "g"), flush=True)
 
     if "multihead" in args.only:
         multi = _run_grid(MULTIHEAD_SHAPES, ["bf16"], args.impls, args, "multihead")

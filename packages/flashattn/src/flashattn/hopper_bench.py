@@ -10,6 +10,7 @@ or gradients (backward), a guard against timing a wrong kernel. Writes ``<out>.c
 """
 
 import argparse
+from pathlib import Path
 
 FWD_STEPS = {  # name -> forward tile (block_m, block_n, warps, stages, persistent, tile_major, warp_spec)
     "tma-128x64-s3": (128, 64, 8, 3),
@@ -53,12 +54,12 @@ def _rel_err(x, ref) -> float:
 def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
     """Append the rows of one (length, causal) shape: references first, then every step."""
     import torch
-    import torch.nn.functional as F
     from analysis.accounting import attention_flops
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
+    from harness.timing import do_bench
+    from torch.nn.attention import SDPBackend
 
     from flashattn import hopper
+    from flashattn.benchutil import sdpa
     from flashattn.hopper import HopperConfigs, HopperTile
     from flashattn.triton_flash import FlashAttention2Triton
 
@@ -72,7 +73,7 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
     flops = attention_flops(args.batch, args.heads, seq, seq, args.dim, causal=causal)
 
     def record(step, pas, fn, err=float("nan")):
-        ms = do_bench(fn, warmup=50, rep=args.rep_ms, return_mode="median")
+        ms = do_bench(fn, "cuda", warmup_ms=50, rep_ms=args.rep_ms)
         tflops = flops * (2.5 if pas == "bwd" else 1.0) / ms / 1e9
         rows.append({"seq": seq, "causal": causal, "pass": pas, "step": step, "ms": ms, "tflops": tflops,
                      "err_vs_cudnn": err})  # fmt: skip
@@ -81,16 +82,9 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
             flush=True,
         )
 
-    def sdpa(backend):
-        def attend(q, k, v, causal):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(
-                    q, k, v, is_causal=causal, enable_gqa=kv_heads < args.heads
-                )
-
-        return attend
-
-    refs = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+    gqa = kv_heads < args.heads
+    refs = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, enable_gqa=gqa),
+            "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION, enable_gqa=gqa)}  # fmt: skip
     if kv_heads == args.heads:
         refs["portable"] = FlashAttention2Triton.apply
     gold = {}
@@ -148,6 +142,7 @@ def _with_ratios(rows: list[dict], args):
 def main(argv=None) -> None:
     args = parse_args(argv)
     import torch
+    from harness.results import to_markdown, write_table
 
     rows: list[dict] = []
     for seq in args.seqs:
@@ -155,11 +150,8 @@ def main(argv=None) -> None:
             _measure(args, seq, causal, rows)
             torch.cuda.empty_cache()
     table = _with_ratios(rows, args)
-    table.to_csv(f"{args.out}.csv", index=False, float_format="%.4g")
-    markdown = table.to_markdown(index=False, floatfmt=".3g")
-    with open(f"{args.out}.md", "w") as f:
-        f.write(markdown + "\n")
-    print(markdown)
+    write_table(table, Path(args.out), ".3g")
+    print(to_markdown(table, ".3g"))
 
 
 if __name__ == "__main__":

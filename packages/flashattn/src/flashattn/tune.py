@@ -57,9 +57,11 @@ def candidates_for(dtype, head_dim: int = 128) -> dict[str, list[TileConfig]]:
 _FLOP_FACTOR = {"forward": 1.0, "fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 
 
-def _time(do_bench, fn, rep_ms: float) -> float:
+def _time(fn, rep_ms: float) -> float:
+    from harness.timing import do_bench
+
     try:
-        return do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
+        return do_bench(fn, "cuda", warmup_ms=10, rep_ms=rep_ms)
     except Exception as exc:  # shapes that exceed shared memory or registers are reported as failed
         print(f"  failed: {type(exc).__name__}: {str(exc)[:100]}")
         return math.nan
@@ -86,9 +88,10 @@ def main() -> None:
     import pandas as pd
     import torch
     from analysis.accounting import attention_flops
-    from triton.testing import do_bench
+    from harness.environment import environment
+    from harness.results import to_markdown, write_table
 
-    from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, environment, time_passes, write_table
+    from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, time_passes
     from flashattn.precompile import precompile
     from flashattn.triton_flash import launch_delta, launch_dkdv, launch_dq, launch_forward
 
@@ -113,7 +116,7 @@ def main() -> None:
     rows = []
     for kernel, configs in candidates.items():
         for cfg in configs:
-            ms = _time(do_bench, lambda run=runs[kernel], cfg=cfg: run(cfg), args.rep_ms)
+            ms = _time(lambda run=runs[kernel], cfg=cfg: run(cfg), args.rep_ms)
             rows.append({"kernel": kernel, **cfg._asdict(), "ms": ms})
             print(f"{kernel:8s} {tuple(cfg)}: {ms:.3f} ms", flush=True)
     for name in ("sdpa_flash", "sdpa_cudnn") if dtype != torch.float32 else ():  # no fp32 kernels
@@ -124,8 +127,8 @@ def main() -> None:
                      for name, ms in zip(df["kernel"], df["ms"], strict=True)]  # fmt: skip
     env = environment()
     print(f"{env} shape {shape} {args.dtype} causal={causal}")
-    print(df.to_markdown(index=False, floatfmt=".3f"))
-    write_table(df, args.out, "tune")
+    print(to_markdown(df, ".3f"))
+    write_table(df, args.out / "tune", ".3g")
 
 
 if __name__ == "__main__":

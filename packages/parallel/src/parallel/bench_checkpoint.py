@@ -154,9 +154,9 @@ def main(argv: list[str] | None = None):
 
     import pandas as pd
     import torch
-    from harness.environment import environment, header_markdown
-    from harness.results import atomic_write_text, to_markdown, write_table
+    from harness.results import to_markdown
 
+    from parallel.bench_results import write_results
     from parallel.launch import spawn
 
     if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
@@ -168,10 +168,7 @@ def main(argv: list[str] | None = None):
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     df = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    env = environment()
-    write_table(df, args.out / "checkpoint", formats=("csv", "json"), header=env)
-    atomic_write_text(args.out / "checkpoint.md", f"{header_markdown(env)}\n\n{to_markdown(df)}\n")
+    write_results(df, args.out / "checkpoint")
     print(to_markdown(df))
     return df
 

@@ -23,156 +23,22 @@ Writes into ``--out``: ``fsdp.csv``, ``fsdp.md``, ``fsdp-gathers.csv``, ``fsdp-t
 
 from __future__ import annotations
 
-import functools
-import gc
 import json
 import statistics
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import torch
-from harness.environment import environment, header_markdown
-from harness.results import atomic_write_text, to_markdown, write_table
-from harness.timing import Marks
-from harness.trace import activities, export_trace, load_trace
+from parallel.bench_zero import GIB, parse_run_arguments
 
-from parallel.bench_zero import parse_run_arguments, random_batch, sdpa
-from parallel.fsdp import FSDP
-from parallel.launch import spawn
-from parallel.trace_plot import plot_timelines
+if TYPE_CHECKING:
+    import pandas as pd
 
-GIB = 2**30
 IMPLS = ("ours", "fsdp2")
 
 
-class GatherTimer:
-    """Times every gather the compute stream waits on against the moment it needed the unit (CUDA events)."""
-
-    def __init__(self):
-        self.log: list[tuple[int, str, torch.cuda.Event, torch.cuda.Event]] = []
-
-    def __call__(self, index: int, phase: str, ready: torch.cuda.Event) -> None:
-        needed = torch.cuda.Event(enable_timing=True)
-        needed.record()
-        self.log.append((index, phase, needed, ready))
-
-    def slack(self) -> list[dict]:
-        """``{unit, phase, late_ms}`` per gather logged: ``late_ms`` from the compute stream reaching the unit
-        to the gather finishing (negative: finished early by that much; positive: compute stalled).
-        Synchronizes."""
-        torch.cuda.synchronize()
-        return [{"unit": index, "phase": phase, "late_ms": needed.elapsed_time(ready)}
-                for index, phase, needed, ready in self.log]
-
-
-def _build(impl: str, config, device: torch.device):
-    """``(model, optimizer, finish, timer)``: ``finish()`` completes gradient synchronization after backward;
-    ``timer`` logs our gathers (None for FSDP2)."""
-    from cs336_basics.model import TransformerBlock
-    from cs336_basics.presets import build_model
-
-    model = build_model(config, device="meta", attention_fn=sdpa)
-    if impl == "ours":
-        model = FSDP(model, compute_dtype=torch.bfloat16, unit_modules=(TransformerBlock,))
-        timer = GatherTimer()
-        model.register_gather_observer(timer)
-        finish = model.finish_gradient_synchronization
-    else:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.layers:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
-        model.to_empty(device=device)
-        with torch.no_grad():
-            for p in model.parameters():  # values do not change the timing: gains 1, weights small
-                local = p.to_local()
-                if p.dim() == 1:
-                    local.fill_(1.0)
-                else:
-                    local.normal_(0.0, 0.02)
-        finish = _nothing  # FSDP2 waits for its reduce-scatters inside backward
-        timer = None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    return model, optimizer, finish, timer
-
-
-def _nothing() -> None:
-    """FSDP2 needs no call after backward."""
-
-
-def _step(model, optimizer, finish, x, y) -> None:
-    from cs336_basics.nn_utils import cross_entropy
-
-    with torch.profiler.record_function("forward"):
-        loss = cross_entropy(model(x), y)
-    with torch.profiler.record_function("backward"):
-        loss.backward()
-        finish()
-    with torch.profiler.record_function("optimizer"):
-        optimizer.step()
-        optimizer.zero_grad()
-
-
-def _profile(step, path: Path | None) -> None:
-    """One profiled step (the model is warm already); rank 0 writes the gzipped Chrome trace."""
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=activities("cuda")) as prof:
-        step()
-        torch.cuda.synchronize()
-    if path is not None:
-        export_trace(prof, path)
-
-
-def _run(impl: str, preset: str, batch: int, warmup: int, steps: int, out: Path) -> dict:
-    from cs336_basics.presets import get_preset
-
-    config = get_preset(preset)
-    device = torch.device("cuda", torch.cuda.current_device())
-    gc.collect()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    model, optimizer, finish, timer = _build(impl, config, device)
-    x, y = random_batch(config, batch, device)
-    marks = Marks(device)
-    for i in range(warmup + steps):
-        if i == warmup:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        if timer is not None:
-            timer.log.clear()  # keep the last step's gathers
-        marks.mark()
-        _step(model, optimizer, finish, x, y)
-        marks.mark()
-    torch.cuda.synchronize()
-    timed = range(warmup, warmup + steps)
-    result = dict(impl=impl, times=[marks.elapsed_ms(2 * i, 2 * i + 1) for i in timed],
-                  peak=torch.cuda.max_memory_allocated() - base)
-    if timer is not None:
-        result["gathers"] = timer.slack()
-    trace = out / f"fsdp-trace-{impl}.json.gz" if torch.distributed.get_rank() == 0 else None
-    step = functools.partial(_step, model, optimizer, finish, x, y)
-    _profile(step, trace)
-    del step, model, optimizer, finish, timer
-    gc.collect()
-    torch.cuda.empty_cache()
-    return result
-
-
-def _worker(rank: int, world_size: int, preset: str, batch: int, warmup: int, steps: int, out: Path) -> list:
-    results = []
-    for impl in IMPLS:
-        result = _run(impl, preset, batch, warmup, steps, out)
-        if rank == 0:
-            print(f"  {impl}: {statistics.median(result['times']):.1f} ms/step, peak "
-                  f"{result['peak'] / GIB:.2f} GiB on rank 0", flush=True)
-        results.append(result)
-    return results
-
-
 def _tables(preset: str, batch: int, world_size: int, per_rank: list[list[dict]]):
+    import pandas as pd
     from analysis.accounting import fsdp_memory_per_rank, train_step_flops
     from cs336_basics.presets import get_preset
 
@@ -197,6 +63,8 @@ def _tables(preset: str, batch: int, world_size: int, per_rank: list[list[dict]]
 
 def gather_summary(gathers: pd.DataFrame) -> pd.DataFrame:
     """Per rank and phase: gathers, how many finished before needed, and the worst and median lateness."""
+    import pandas as pd
+
     grouped = gathers.groupby(["rank", "phase"])["late_ms"]
     return pd.DataFrame({
         "gathers": grouped.size(),
@@ -216,6 +84,10 @@ def plot_step_timelines(out: Path, title: str) -> dict[str, dict]:
     FSDP2 and the optimizer open many ``record_function`` ranges of their own; they are left out of the
     figure (not out of the trace files) so that the phases stay readable.
     """
+    from harness.trace import load_trace
+
+    from parallel.trace_plot import plot_timelines
+
     with tempfile.TemporaryDirectory() as tmp:
         traces = {}
         for impl in IMPLS:
@@ -228,25 +100,28 @@ def plot_step_timelines(out: Path, title: str) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame | None:
-    args = parse_run_arguments(__doc__, argv, warmup=3, steps=6, out_help="folder of tables, traces, figures",
-                               replot=True)
+    args = parse_run_arguments("python -m parallel.bench_fsdp", __doc__, argv, warmup=3, steps=6,
+                               out_help="folder of tables, traces, figures", replot=True)
     title = f"{args.preset}, BF16, {args.world_size} GPUs: one training step, rank 0"
     if args.replot:
         for impl, s in plot_step_timelines(args.out, title).items():
             print(f"{impl}: {s}")
         return None
+    from harness.results import to_markdown, write_table
+
+    from parallel.bench_fsdp_steps import worker
+    from parallel.bench_results import write_results
+    from parallel.launch import spawn
+
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{args.preset}: ours and FSDP2, {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)
-    per_rank = spawn(_worker, args.world_size, args.preset, args.batch_size, args.warmup, args.steps,
+    per_rank = spawn(worker, args.world_size, args.preset, args.batch_size, args.warmup, args.steps,
                      args.out, backend="nccl", timeout=args.timeout)
     df, gathers = _tables(args.preset, args.batch_size, args.world_size, per_rank)
     summary = gather_summary(gathers)
-    env = environment()
-    write_table(df, args.out / "fsdp", formats=("csv", "json"), header=env)
+    write_results(df, args.out / "fsdp", summary)
     write_table(gathers, args.out / "fsdp-gathers", formats=("csv",))
-    atomic_write_text(args.out / "fsdp.md",
-                      f"{header_markdown(env)}\n\n{to_markdown(df)}\n\n{to_markdown(summary)}\n")
     plot_step_timelines(args.out, title)
     print(to_markdown(summary))
     print(to_markdown(df))

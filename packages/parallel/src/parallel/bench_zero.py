@@ -21,20 +21,16 @@ Writes ``zero.csv`` and ``zero.md`` into ``--out``. Needs 2+ CUDA GPUs (NCCL).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import torch
-import torch.nn.functional as F
-from harness.environment import environment, header_markdown
-from harness.results import atomic_write_text, to_markdown, write_table
-from harness.timing import Marks
+from harness import cli
 
-from parallel.launch import spawn
-from parallel.zero import ShardedOptimizer
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
 
 GIB = 2**30
 MODES = ("unsharded", "zero1")
@@ -42,11 +38,15 @@ MODES = ("unsharded", "zero1")
 
 def sdpa(q, k, v, is_causal):
     """PyTorch's fused attention on ``(batch, heads, seq, head_dim)``."""
+    import torch.nn.functional as F
+
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
 def random_batch(config, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets ``(batch, context)``, different on every rank."""
+    import torch
+
     gen = torch.Generator(device).manual_seed(torch.distributed.get_rank())
     shape = (batch, config.context_length + 1)
     ids = torch.randint(0, config.vocab_size, shape, device=device, generator=gen)
@@ -65,8 +65,12 @@ def _tensor_bytes(tensors) -> int:
 
 
 def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> dict:
+    import torch
     from cs336_basics.nn_utils import cross_entropy
     from cs336_basics.presets import build_model, get_preset
+    from harness.timing import Marks
+
+    from parallel.zero import ShardedOptimizer
 
     config = get_preset(preset)
     device = torch.device("cuda", torch.cuda.current_device())
@@ -123,6 +127,7 @@ def _worker(rank: int, world_size: int, mode: str, preset: str, batch: int, warm
 
 def _table(preset: str, world_size: int, per_mode: list[list[dict]]) -> pd.DataFrame:
     """One row per mode and rank; ``per_mode[i][rank]`` is ``_run_mode``'s result for ``MODES[i]``."""
+    import pandas as pd
     from analysis.accounting import memory_breakdown, sharded_optimizer_state_bytes
     from cs336_basics.presets import get_preset
 
@@ -151,30 +156,40 @@ def _table(preset: str, world_size: int, per_mode: list[list[dict]]) -> pd.DataF
     return df
 
 
-def parse_run_arguments(doc: str, argv: list[str] | None, warmup: int, steps: int, out_help: str,
-                        replot: bool = False):
-    """The options both sharding benchmarks share (``replot``: add ``--replot``); exits unless enough GPUs
-    are present for a measuring run."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_run_arguments(prog: str, doc: str, argv: list[str] | None, warmup: int, steps: int,
+                        out_help: str, replot: bool = False):
+    """The options both sharding benchmarks share (``replot``: add ``--replot``), parsed before torch is
+    imported; exits unless enough GPUs are present for a measuring run."""
+    parser = cli.command_parser(prog, doc)
     parser.add_argument("--preset", default="xl", help="cs336_basics preset")
-    parser.add_argument("--batch-size", type=int, default=4, help="sequences per GPU (preset context length)")
-    parser.add_argument("--world-size", type=int, default=2, help="GPUs (one process each, NCCL)")
-    parser.add_argument("--warmup", type=int, default=warmup, help="untimed steps first")
-    parser.add_argument("--steps", type=int, default=steps, help="timed steps")
-    parser.add_argument("--timeout", type=float, default=500, help="seconds before the workers are stopped")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=4,
+                        help="sequences per GPU (preset context length)")
+    parser.add_argument("--world-size", type=cli.positive_int, default=2,
+                        help="GPUs (one process each, NCCL)")
+    cli.add_steps(parser, steps=steps, warmup=warmup)
+    parser.add_argument("--timeout", type=cli.positive_float, default=500,
+                        help="seconds before the workers are stopped")
     parser.add_argument("--out", type=Path, default=Path("docs"), help=out_help)
     if replot:
         parser.add_argument("--replot", action="store_true",
                             help="only redraw the figure from the traces already in --out (no GPU needed)")
     args = parser.parse_args(argv)
-    if not getattr(args, "replot", False) and torch.cuda.device_count() < args.world_size:
-        raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")
+    if not getattr(args, "replot", False):
+        import torch
+
+        if torch.cuda.device_count() < args.world_size:
+            raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")
     return args
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parse_run_arguments(__doc__, argv, warmup=2, steps=3, out_help="folder for zero.csv and zero.md")
+    args = parse_run_arguments("python -m parallel.bench_zero", __doc__, argv, warmup=2, steps=3,
+                               out_help="folder for zero.csv and zero.md")
+    from harness.results import to_markdown
+
+    from parallel.bench_results import write_results
+    from parallel.launch import spawn
+
     print(f"{args.preset}: {len(MODES)} modes of {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)
     per_mode = [  # a fresh set of processes per mode: nothing of one mode's memory is left for the next
@@ -183,9 +198,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for mode in MODES
     ]
     df = _table(args.preset, args.world_size, per_mode)
-    env = environment()
-    write_table(df, args.out / "zero", formats=("csv", "json"), header=env)
-    atomic_write_text(args.out / "zero.md", f"{header_markdown(env)}\n\n{to_markdown(df)}\n")
+    write_results(df, args.out / "zero")
     print(to_markdown(df[["mode", "rank", "step_ms", "vs_unsharded", "after_model_GiB",
                              "before_step_peak_GiB", "after_step_peak_GiB", "optimizer_state_GiB",
                              "expected_optimizer_state_GiB"]]))

@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None):
     args = parser.parse_args(argv)
 
     import pandas as pd
-    from harness.environment import environment, header_markdown
-    from harness.results import atomic_write_text, to_markdown, write_table
+    from harness.results import to_markdown
 
+    from parallel.bench_results import write_results
     from parallel.launch import spawn
 
     print(f"{args.layers} x Linear({args.width}, {args.width}) on {args.world_size} {args.backend} "
@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None):
     reference = df.set_index("mode").loc["broadcast"]
     df["bytes_vs_broadcast"] = df["bytes_sent_per_rank_MB"] / reference["bytes_sent_per_rank_MB"]
     df["time_vs_broadcast"] = df["step_ms_median"] / reference["step_ms_median"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    env = environment()
-    write_table(df, args.out / "zero-modes", formats=("csv", "json"), header=env)
-    atomic_write_text(args.out / "zero-modes.md", f"{header_markdown(env)}\n\n{to_markdown(df)}\n")
+    write_results(df, args.out / "zero-modes")
     print(to_markdown(df))
     return df
 
