@@ -134,6 +134,28 @@ def test_two_d_optimum_beats_a_grid_search(numbers):
     assert sp.simplify(fp.max_devices_2d("forward", overlap=True, large_n=True)["N"] / large["N"]) == 4
 
 
+@pytest.mark.parametrize("numbers", NUMBERS)
+def test_whole_grid_is_the_best_pair_of_whole_degrees(numbers):
+    # Brute force over every pair of whole degrees up to past the single-axis bounds: the exact times of
+    # each pair decide, separately per axis (overlapping) or summed (shared link).
+    strategy = fp.fsdp_tp()
+    compute = strategy.compute_time("forward")
+    per_axis = {a: strategy.axis_comm_time("forward", a) - compute for a in (fp.N_FSDP, fp.N_TP)}
+    shared = strategy.comm_time("forward", overlap=False) - compute
+    limit = {a: int(float(fp.max_devices(strategy, "forward", a).subs(numbers))) + 3 for a in per_axis}
+    fits = {
+        True: lambda f, t: all(
+            float(e.subs({**numbers, fp.N_FSDP: f, fp.N_TP: t})) <= 0 for e in per_axis.values()
+        ),
+        False: lambda f, t: float(shared.subs({**numbers, fp.N_FSDP: f, fp.N_TP: t})) <= 0,
+    }
+    for overlap, fit in fits.items():
+        pairs = [(f, t) for f in range(1, limit[fp.N_FSDP]) for t in range(1, limit[fp.N_TP]) if fit(f, t)]
+        best = max(f * t for f, t in pairs)
+        n_fsdp, n_tp = fp.whole_grid(numbers, "forward", overlap)
+        assert fit(n_fsdp, n_tp) and n_fsdp * n_tp == best
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="pass_"):
         fp.data_parallel().flops("sideways")

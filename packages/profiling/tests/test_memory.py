@@ -46,6 +46,24 @@ def test_plot_writes_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("peak_at", [0, 3, 5])
+def test_peak_label_stays_inside_the_axes(tmp_path, monkeypatch, peak_at):
+    from profiling import memory_timeline
+
+    figures = []
+    monkeypatch.setattr(memory_timeline, "save_figure", lambda fig, path: figures.append(fig) or path)
+    active = [2**30 * (9 if i == peak_at else 1 + i % 3) for i in range(6)]
+    timeline = memory_timeline.Timeline([T0 + 1000 * i for i in range(6)], active, ["forward"] * 6, None)
+    plot_timeline(timeline, "a title of some length, as the benchmark writes it", tmp_path / "t.png")
+    (ax,) = figures[0].axes
+    figures[0].canvas.draw()
+    renderer = figures[0].canvas.get_renderer()
+    (label,) = [t for t in ax.texts if t.get_text().startswith("peak 9.00 GiB")]
+    box, frame = label.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+    assert not box.overlaps(ax.title.get_window_extent(renderer))
+
+
 def test_largest_allocations_name_source_outside_torch():
     df = largest_allocations(_snapshot(), PHASES, top=2)
     assert list(df["MiB"] * 2**20) == [700, 300]

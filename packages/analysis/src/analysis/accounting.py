@@ -28,7 +28,8 @@ H200_BF16_PEAK_FLOPS = 989e12
 """Dense bf16 tensor-core peak of one H200 (SXM datasheet), FLOP/s."""
 
 H200_MEASURED_BF16_MATMUL_FLOPS = 795e12
-"""bf16 8192^3 matmul measured on our H200s (``triton.testing.do_bench`` median), FLOP/s."""
+"""The rate C the analysis assumes for a bf16 8192^3 matmul on one H200, FLOP/s: a constant, not read from a
+measurement file; it lies within the range the project's own matmul measurements give."""
 
 _CONFIG_FIELDS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
 

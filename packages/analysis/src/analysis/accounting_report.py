@@ -12,25 +12,16 @@ from .accounting import (
     block_activation_bytes,
     fsdp_memory_per_rank,
     memory_breakdown,
-    mfu,
     parameter_count,
     recursive_checkpoint_cost,
     residual_stream_bytes,
     sharded_optimizer_state_bytes,
     train_step_flops,
 )
-from .markdown import latex, md_table
+from .markdown import generated, latex, md_table
 from .model_sizes import MODEL_SHAPES
 
 GIB, MIB = 2**30, 2**20
-
-# Step times measured on 2 H200s, recorded in the project's GPU notes: (label, model, batch per GPU, seq, s).
-GPU_NOTES_STEPS = (
-    ("torch DDP, FP32", "xl", 4, 512, 1.047),
-    ("torch DDP, BF16 autocast", "xl", 4, 512, 0.247),
-    ("FSDP2, BF16, per-block checkpointing, SDPA flash", "leaderboard-8b", 1, 32_768, 8.60),
-    ("same with SDPA cuDNN", "leaderboard-8b", 1, 32_768, 6.88),
-)
 
 
 def accounting_section() -> str:
@@ -78,19 +69,15 @@ def accounting_section() -> str:
         f"**Residual stream of xl** (batch 4, fp32, $B \\times S \\times d$): {', '.join(residual)}; half "
         f"that in bf16.",
         "",
-        "**Model FLOP utilization** of the step times measured on 2 H200s in the GPU notes (FLOPs per GPU "
-        "from `train_step_flops`, recomputation by checkpointing not counted, against the 989 TFLOP/s dense "
-        "bf16 peak):",
+        f"**Model FLOP utilization** of the project's own step times on 2 H200s (generated from the raw "
+        f"files named in the\nlast column; TFLOP/s per GPU as each benchmark computed them from "
+        f"`train_step_flops`, recomputation by\ncheckpointing not counted; MFU against the "
+        f"{H200_BF16_PEAK_FLOPS / 1e12:.0f} TFLOP/s dense bf16 peak). The four BF16 DDP rows are four runs "
+        "of\nthe same command ([ddp.md](ddp.md)); the 8B rows are run 2 of "
+        "[leaderboard.md](leaderboard.md).",
         "",
+        generated("analysis.mfu", multiline=True),
     ]
-    rows = []
-    for label, name, batch, seq, seconds in GPU_NOTES_STEPS:
-        flops = train_step_flops(MODEL_SHAPES[name], batch, seq)
-        rows.append(
-            [name, label, f"{batch} x {seq:,}", f"{seconds:.3f}", f"{flops / seconds / 1e12:.0f}",
-             f"{mfu(flops, seconds, H200_BF16_PEAK_FLOPS):.1%}"]
-        )  # fmt: skip
-    lines.append(md_table(["model", "setting", "tokens per GPU", "step (s)", "TFLOP/s", "MFU"], rows))
     lines += ["", sharded_state_table()]
     return "\n".join(lines) + "\n"
 
@@ -114,7 +101,9 @@ def sharded_state_table() -> str:
             "`sharded_optimizer_state_bytes`, `fsdp_memory_per_rank`): ZeRO-1 shards only the optimizer "
             "state; FSDP shards the 2-D weights, their gradients and state, replicates the norm gains, "
             "and at its peak also holds up to three gathered layers in bf16 (the one computing and two "
-            "prefetched; bounded here by the three largest layers).",
+            "prefetched; bounded here by the three largest single Linear or Embedding layers). "
+            "`parallel.FSDP` gathers a whole Transformer block at a time, so for it the gathered term is "
+            f"three blocks: {generated('fsdp.gathered-blocks')} for xl ([fsdp.md](fsdp.md)).",
             "",
             md_table(
                 [
@@ -147,9 +136,12 @@ def checkpointing_section() -> str:
         "**Minimum memory when compute is free.** Nest checkpoints as a chain: keep only the input of the "
         "stack; to run the backward of block i, recompute blocks 1 ... i - 1 from that input without "
         "saving anything, then block i saving its activations. Peak: one block's activations plus a "
-        "constant number of residual streams, O(1) in N; compute: $\\sum_i i = N(N+1)/2$ block forwards, "
-        "O(N^2). The balanced recursive scheme is the useful compromise: checkpoint the input of each "
-        "half, recurse on the second half, then on the first:",
+        "constant number of residual streams, O(1) in N; compute: $\\sum_i i = N(N+1)/2$ block forwards "
+        "in backward, O(N^2); with the first forward's N, N(N+3)/2 block executions in all. torch's "
+        "checkpoint stops each nested recomputation early, one block sooner per level after the first, "
+        "which gives the 2N + (N-1)(N-2)/2 = N(N+1)/2 + 1 executions that [profiling.md](profiling.md) "
+        "counts on the same footing. The balanced recursive scheme is the useful compromise: checkpoint "
+        "the input of each half, recurse on the second half, then on the first:",
         "",
         "```python",
         "def backward_range(blocks, x, grad_out):            # returns grad wrt x",

@@ -230,3 +230,29 @@ def max_devices_2d(pass_: str = "forward", overlap: bool = True, large_n: bool =
         n_fsdp = _positive_root(sp.together(sp.diff(N_FSDP * tp_of_fsdp, N_FSDP)), N_FSDP)
         n_tp = sp.simplify(tp_of_fsdp.subs(N_FSDP, n_fsdp))
     return {"N_FSDP": n_fsdp, "N_TP": n_tp, "N": sp.factor(sp.simplify(n_fsdp * n_tp))}
+
+
+def whole_grid(
+    values: dict[sp.Symbol, float], pass_: str = "forward", overlap: bool = True
+) -> tuple[int, int]:
+    """Whole degrees ``(N_FSDP, N_TP)`` of FSDP x TP with the largest product that keeps ``pass_`` hidden
+    behind compute, at the numbers ``values`` (``B, D, F, C, W``).
+
+    With overlapping axes each degree is the floor of its own bound; with a shared link the pair is searched
+    (the budget is increasing in both degrees), which is not the floor of the continuous optimum.
+    """
+    strategy, axes = fsdp_tp(), (N_FSDP, N_TP)
+    if overlap:
+        n_fsdp, n_tp = (max(1, int(sp.floor(max_devices(strategy, pass_, a).subs(values)))) for a in axes)
+        return n_fsdp, n_tp
+    excess = strategy.comm_time(pass_, False, overlap=False) - strategy.compute_time(pass_)
+    excess = sp.lambdify((N_FSDP, N_TP), excess.subs(values))
+    best, n_fsdp = (1, 1), 1
+    while excess(n_fsdp, 1) <= 0:
+        n_tp = 1
+        while excess(n_fsdp, n_tp + 1) <= 0:
+            n_tp += 1
+        if n_fsdp * n_tp > best[0] * best[1]:
+            best = (n_fsdp, n_tp)
+        n_fsdp += 1
+    return best

@@ -1,4 +1,4 @@
-"""Markdown pieces of the report: sympy expressions in LaTeX, and tables (pandas, through the harness)."""
+"""Markdown pieces of the report: sympy expressions in LaTeX, and tables."""
 
 from __future__ import annotations
 
@@ -20,12 +20,17 @@ def math_cell(expr: sp.Expr) -> str:
 
 
 def md_table(headers: list[str], rows: list[list]) -> str:
-    """A GitHub Markdown table (through pandas); cells are converted with ``str`` (``|`` escaped) and kept
-    as written (no number parsing)."""
-    import pandas as pd
-    from harness.results import to_markdown
-
+    """A compact GitHub Markdown table (``| a | b |`` rows under ``| --- | --- |``); cells are converted
+    with ``str`` (``|`` escaped) and kept as written (no number parsing, no padding)."""
     if any(len(row) != len(headers) for row in rows):
         raise ValueError(f"every row needs {len(headers)} cells")
     cells = [[str(cell).replace("|", "\\|") for cell in row] for row in rows]
-    return to_markdown(pd.DataFrame(cells, columns=headers), disable_numparse=True)
+    return "\n".join("| " + " | ".join(row) + " |" for row in [headers, ["---"] * len(headers), *cells])
+
+
+def generated(name: str, multiline: bool = False) -> str:
+    """A block of ``docs/*.md`` that ``python -m docs.tables`` fills from the raw files it names: the
+    report marks where it goes (the measurements are not inputs of the analysis)."""
+    body = "(filled in by `python -m docs.tables` from the measurement files)"
+    body = f"\n{body}\n" if multiline else body
+    return f"<!-- gen:{name} -->{body}<!-- /gen -->"

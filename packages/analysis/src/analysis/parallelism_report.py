@@ -13,7 +13,20 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from . import collectives as coll
 from .collectives import W
-from .ffn_parallel import N_DP, N_FSDP, N_TP, PASSES, STRATEGIES, B, C, D, F, max_devices, max_devices_2d
+from .ffn_parallel import (
+    N_DP,
+    N_FSDP,
+    N_TP,
+    PASSES,
+    STRATEGIES,
+    B,
+    C,
+    D,
+    F,
+    max_devices,
+    max_devices_2d,
+    whole_grid,
+)
 from .markdown import latex, math_cell, md_table
 from .model_sizes import MODEL_SHAPES
 from .ring_sim import simulate
@@ -251,31 +264,46 @@ def _shard_flops(batch: int, d_model: int, d_ff: int, shards: int, strategy) -> 
     return counted, predicted
 
 
-def h200_section(matmul_flops: float, bandwidth: float, source: str) -> str:
+GRID_LABELS = ("FSDP x TP forward, overlapping", "FSDP x TP forward, shared link")
+"""The two-axis rows of the H200 table, whose GPU counts are whole grids (``whole_grid``)."""
+
+
+def h200_section(matmul_flops: float, bandwidth: float, source: str, c_note: str) -> str:
+    """``c_note``: the sentences after ``C = ... TFLOP/s`` saying where C comes from."""
     values = {C: matmul_flops, W: bandwidth}
     lines = [
         "## How many H200s make sense",
         "",
-        f"C = {matmul_flops / 1e12:.0f} TFLOP/s (bf16 matmul 8192^3 measured on our H200s; the "
-        f"datasheet's dense peak is 989). W = {bandwidth / 1e9:.0f} GB/s, from {source}. The ring model's "
-        f"W is exactly the bus bandwidth nccl-tests report. (NVLink's nominal "
+        f"C = {matmul_flops / 1e12:.0f} TFLOP/s {c_note} W = {bandwidth / 1e9:.0f} GB/s, from {source}. "
+        f"The ring model's W is exactly the bus bandwidth nccl-tests report. (NVLink's nominal "
         f"{NVLINK_PER_DIRECTION / 1e9:.0f} GB/s per direction would give W/C larger by "
         f"{NVLINK_PER_DIRECTION / bandwidth:.2f}x.) C / W = {matmul_flops / bandwidth:.0f} FLOPs per "
         f"byte: a device must do that much work for every byte it sends.",
         "",
+        "GPUs: the largest whole number of devices. For the 2-D grid that is the best product of whole "
+        "degrees: both at their floors when the axes overlap, and the best pair within the shared-link "
+        "budget $2B(N_{TP} - 1) + 3D_{FF}(N_{FSDP} - 1) \\le 3 B D_{FF} W / C$ when they share it, not the "
+        "floor of the continuous product.",
+        "",
     ]
-    rows, limits, bounds = [], {}, h200_bounds()
+    rows, limits, grids, bounds = [], {}, {}, h200_bounds()
     for name in ("leaderboard-8b", "xl"):
         shape = MODEL_SHAPES[name]
         tokens = shape.batch * shape.context_length
         model = {B: tokens, D: shape.d_model, F: shape.d_ff, **values}
         for label, bound in bounds.items():
             limits[name, label] = value = float(bound.subs(model))
-            rows.append(
-                [name, f"{tokens:,}", shape.d_model, shape.d_ff, label, f"{value:.2f}", math.floor(value)]
-            )
+            gpus = str(math.floor(value))
+            if label in GRID_LABELS:
+                overlap = label == GRID_LABELS[0]
+                grids[name, label] = n_fsdp, n_tp = whole_grid(model, "forward", overlap)
+                note = ""
+                if not overlap and max_devices_2d("forward", False)["N_FSDP"].subs(model) < 1:
+                    note = "; the continuous optimum has N_FSDP < 1"
+                gpus = f"{n_fsdp * n_tp} ({n_fsdp} x {n_tp}{note})"
+            rows.append([name, f"{tokens:,}", shape.d_model, shape.d_ff, label, f"{value:.2f}", gpus])
     lines.append(md_table(["model", "B (tokens)", "D", "D_FF", "strategy", "largest N", "GPUs"], rows))
-    lines += ["", h200_prose(matmul_flops / bandwidth, limits), ""]
+    lines += ["", h200_prose(matmul_flops / bandwidth, limits, grids), ""]
     return "\n".join(lines)
 
 
@@ -286,8 +314,8 @@ def h200_bounds() -> dict[str, sp.Expr]:
         "FSDP (forward = backward)": max_devices(STRATEGIES["fsdp"](), "forward", N_FSDP),
         "TP forward": max_devices(STRATEGIES["tp"](), "forward", N_TP),
         "TP backward": max_devices(STRATEGIES["tp"](), "backward", N_TP),
-        "FSDP x TP forward, overlapping": max_devices_2d("forward", True)["N"],
-        "FSDP x TP forward, shared link": max_devices_2d("forward", False)["N"],
+        GRID_LABELS[0]: max_devices_2d("forward", True)["N"],
+        GRID_LABELS[1]: max_devices_2d("forward", False)["N"],
     }
 
 
@@ -295,7 +323,12 @@ def _gpus(value: float) -> str:
     return f"{value:.1f}, i.e. {math.floor(value)} GPU{'s' if math.floor(value) != 1 else ''}"
 
 
-def h200_prose(flops_per_byte: float, limits: dict[tuple[str, str], float]) -> str:
+_FRACTIONS = {2: "a half", 3: "a third", 4: "a quarter", 5: "a fifth"}
+
+
+def h200_prose(
+    flops_per_byte: float, limits: dict[tuple[str, str], float], grids: dict[tuple[str, str], tuple[int, int]]
+) -> str:
     big, xl = "leaderboard-8b", "xl"
     big_tokens = MODEL_SHAPES[big].batch * MODEL_SHAPES[big].context_length
     dp_big, dp_xl = limits[big, "DP (backward)"], limits[xl, "DP (backward)"]
@@ -309,6 +342,9 @@ def h200_prose(flops_per_byte: float, limits: dict[tuple[str, str], float]) -> s
         if dp_xl < 2
         else f"so up to {math.floor(dp_xl)} GPUs pay off"
     )
+    separate, shared = grids[big, GRID_LABELS[0]], grids[big, GRID_LABELS[1]]
+    ratio = separate[0] * separate[1] / (shared[0] * shared[1])
+    share = _FRACTIONS.get(round(ratio), f"1/{ratio:.1f}")
     return (
         f"**Answer.** DP and FSDP need about C / W = {flops_per_byte:.0f} tokens per GPU per step to hide "
         f"their communication (B / (N - 1) >= C / W). With the leaderboard step "
@@ -316,8 +352,10 @@ def h200_prose(flops_per_byte: float, limits: dict[tuple[str, str], float]) -> s
         f"with xl's default batch (4 x 512 tokens) it allows {dp_xl:.2f}, {xl_note}. TP does not depend on "
         f"the batch: with D_FF = {MODEL_SHAPES[big].d_ff:,} the forward allows {_gpus(tp_fwd)} and the "
         f"backward {tp_bwd:.1f}, so TP belongs inside one NVLink domain (W across nodes is several times "
-        f"smaller). The 2-D grid multiplies the two degrees when the axes use separate links and reaches "
-        f"about a quarter of that product when they share one. On our machines of up to {machine} GPUs the "
+        f"smaller). The 2-D grid multiplies the two whole degrees when the axes use separate links "
+        f"({separate[0]} x {separate[1]} = {separate[0] * separate[1]} GPUs for the 8B step) and reaches "
+        f"about {share} of it when they share one ({shared[0] * shared[1]} = {shared[0]} x {shared[1]}; a "
+        f"quarter in the large-N limit). On our machines of up to {machine} GPUs the "
         f"8B model can use all of them with {', '.join(fits) or 'none of the three'}. These limits are for "
         f"the FFN alone, in fp16, with communication hidden behind compute: attention adds compute (raising "
         f"the DP and FSDP limits slightly) and real overlap is imperfect."

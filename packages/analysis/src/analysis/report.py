@@ -2,11 +2,13 @@
 
 Every formula in the file is computed here (sympy, printed with ``sympy.latex``), every check is run
 here (ring simulator on real arrays, tensor-parallel backward against autograd, FLOPs against torch's FLOP
-counter), and the H200 numbers use ``C`` = the measured bf16 matmul rate and ``W`` = the all-reduce bus
-bandwidth, read from the repository's ``docs/collectives.csv`` when that benchmark has been run there,
-else the value measured in the GPU notes. Writes ``results/analysis.md`` unless ``--out`` says otherwise
-(``--out docs/analysis.md`` for the tracked report). Runs on a CPU in under a minute; it measures nothing
-on a GPU itself. Sections: ``analysis.parallelism_report`` and ``analysis.accounting_report``.
+counter). The H200 numbers use ``C``, the constant ``H200_MEASURED_BF16_MATMUL_FLOPS`` of
+``analysis.accounting`` (or ``--matmul-tflops``), and ``W``, the all-reduce bus bandwidth read from the
+repository's ``docs/collectives.csv`` (or ``--bandwidth-gbps``). Writes ``results/analysis.md`` unless
+``--out`` says otherwise. The tracked report is ``--out docs/analysis.md`` followed by ``python -m
+docs.tables``, which fills the blocks that come from measurement files (``<!-- gen:NAME -->``). Runs on a
+CPU in under a minute; it measures nothing on a GPU itself. Sections: ``analysis.parallelism_report`` and
+``analysis.accounting_report``.
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ from harness import cli
 
 from .accounting import H200_MEASURED_BF16_MATMUL_FLOPS
 
-MEASURED_ALL_REDUCE_BUSBW = 324e9
-"""NCCL all-reduce of 1 GiB fp32 on 2 H200s joined by NVLink: bus bandwidth in bytes/s (GPU notes)."""
-
-REPOSITORY_COLLECTIVES = Path(__file__).resolve().parents[4] / "docs" / "collectives.csv"
+REPOSITORY_DOCS = Path(__file__).resolve().parents[4] / "docs"
+REPOSITORY_COLLECTIVES = REPOSITORY_DOCS / "collectives.csv"
 """The tracked collective benchmark table of a source checkout (absent when installed elsewhere)."""
 
 
@@ -39,7 +39,7 @@ def read_bus_bandwidth(path: Path) -> tuple[float, str] | None:
     Reads ``parallel.bench_collectives``' table (``collective, processes, size_bytes, busbw_GBps`` and
     ``backend``) or one with columns ``op, world_size, size_bytes, busbw`` (GB/s unless above 1e6, then
     bytes/s). Only NCCL rows count when a backend column exists (gloo on CPUs says nothing about GPUs);
-    prefers 2 ranks (the pair the GPU notes measured), else the fewest.
+    prefers 2 ranks, else the fewest.
     """
     if not path.is_file():
         return None
@@ -73,8 +73,46 @@ def read_bus_bandwidth(path: Path) -> tuple[float, str] | None:
     return busbw, source
 
 
-def build_report(matmul_flops: float, bandwidth: float, source: str, max_n: int, command: str) -> str:
-    """The whole document: a header naming the command, versions and date, then every section."""
+def lowest_matmul_rate(folder: Path = REPOSITORY_DOCS / "data") -> float | None:
+    """The lowest bf16 matmul rate (FLOP/s) in the matmul measurement files ``matmul-rate-*.csv`` of
+    ``folder`` (column ``tflops``), or ``None`` when there are none."""
+    rates = []
+    for path in sorted(folder.glob("matmul-rate-*.csv")):
+        with path.open(newline="") as handle:
+            try:
+                rates += [float(row["tflops"]) * 1e12 for row in csv.DictReader(handle)]
+            except (KeyError, ValueError) as err:
+                raise ValueError(f"{path}: cannot read the matmul rate ({err})") from err
+    return min(rates) if rates else None
+
+
+def c_note(matmul_flops: float, from_constant: bool, lowest: float | None) -> str:
+    """Where C comes from, and how far the measured matmul rates lie from it."""
+    from .markdown import generated
+
+    if not from_constant:
+        return "from the command line (the datasheet's dense peak is 989)."
+    note = (
+        "is the constant `H200_MEASURED_BF16_MATMUL_FLOPS` of `analysis.accounting`, not a value read from a "
+        "measurement file (the datasheet's dense peak is 989). The project's own measurements of that bf16 "
+        f"8192^3 matmul (`flashattn.benchutil.matmul_tflops`) give {generated('matmul-rate')}, and "
+        f"{generated('flashattn.matmul-logs')}."
+    )
+    if lowest is not None and lowest < matmul_flops:
+        note += (
+            " Every GPU count below scales as W / C, so the lowest measured rate would raise them by up to "
+            f"{100 * (matmul_flops / lowest - 1):.0f}%."
+        )
+    return note
+
+
+def build_report(
+    matmul_flops: float, bandwidth: float, source: str, max_n: int, command: str, c_text: str, inputs: str
+) -> str:
+    """The whole document: a header naming the command, versions and date, then every section.
+
+    ``c_text``: where C comes from (:func:`c_note`); ``inputs``: the header's words on C's and W's origin.
+    """
     import numpy as np
     import sympy as sp
     from harness.environment import environment
@@ -88,16 +126,15 @@ def build_report(matmul_flops: float, bandwidth: float, source: str, max_n: int,
         "",
         f"Generated by `{command}` on {env['date']} with sympy {sp.__version__}, torch {env['torch']}, "
         f"triton {env['triton']} (unused), numpy {np.__version__}, Python {env['python']}, on "
-        f"{env['device']}. Nothing here is timed: the GPU numbers are inputs (H200 measurements in the "
-        f"project's GPU notes, and the collective benchmark when present), and every formula is derived and "
-        f"checked by the command.",
+        f"{env['device']}. Nothing here is timed: the GPU numbers are inputs ({inputs}), and every "
+        f"formula is derived and checked by the command.",
         "",
     ]
     sections = [
         collectives_section(max_n),
         strategy_section(),
         tp_check_section(),
-        h200_section(matmul_flops, bandwidth, source),
+        h200_section(matmul_flops, bandwidth, source, c_text),
         accounting_section(),
         checkpointing_section(),
     ]
@@ -123,14 +160,14 @@ def parse_args(argv: list[str] | None = None):
         "--bandwidth-gbps",
         type=cli.positive_float,
         default=None,
-        help="per-device bandwidth W in GB/s (default: from --collectives-csv, else the measured "
-        f"{MEASURED_ALL_REDUCE_BUSBW / 1e9:.0f} GB/s all-reduce bus bandwidth of 2 H200s)",
+        help="per-device bandwidth W in GB/s (default: from --collectives-csv)",
     )
     parser.add_argument(
         "--matmul-tflops",
         type=cli.positive_float,
-        default=H200_MEASURED_BF16_MATMUL_FLOPS / 1e12,
-        help="accelerator rate C in TFLOP/s (default: measured H200 bf16 matmul)",
+        default=None,
+        help="accelerator rate C in TFLOP/s (default: the constant H200_MEASURED_BF16_MATMUL_FLOPS, "
+        f"{H200_MEASURED_BF16_MATMUL_FLOPS / 1e12:.0f})",
     )
     parser.add_argument(
         "--max-ring",
@@ -152,13 +189,29 @@ def main(argv: list[str] | None = None) -> Path:
         bandwidth, source = args.bandwidth_gbps * 1e9, "the command line"
     else:
         measured = read_bus_bandwidth(args.collectives_csv)
-        bandwidth, source = measured or (
-            MEASURED_ALL_REDUCE_BUSBW,
-            "the GPU notes (NCCL all-reduce of 1 GiB fp32 on 2 H200s; `docs/collectives.csv` not found)",
-        )
+        if measured is None:
+            raise SystemExit(
+                f"--collectives-csv {args.collectives_csv}: no NCCL all-reduce found (run python -m "
+                "parallel.bench_collectives on GPUs), so W is unknown; pass --bandwidth-gbps"
+            )
+        bandwidth, source = measured
+    from_constant = args.matmul_tflops is None
+    matmul_flops = H200_MEASURED_BF16_MATMUL_FLOPS if from_constant else args.matmul_tflops * 1e12
+    c_text = c_note(matmul_flops, from_constant, lowest_matmul_rate() if from_constant else None)
+    inputs = (
+        "C, a constant of `analysis.accounting` described below"
+        if from_constant
+        else "C from the command line"
+    ) + (
+        ", and W from the command line"
+        if args.bandwidth_gbps is not None
+        else ", and W from the collective benchmark"
+    )
     command = "python -m analysis.report " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"deriving and checking (C = {args.matmul_tflops:.0f} TFLOP/s, W = {bandwidth / 1e9:.0f} GB/s) ...")
-    text = build_report(args.matmul_tflops * 1e12, bandwidth, source, args.max_ring, command.strip())
+    print(
+        f"deriving and checking (C = {matmul_flops / 1e12:.0f} TFLOP/s, W = {bandwidth / 1e9:.0f} GB/s) ..."
+    )
+    text = build_report(matmul_flops, bandwidth, source, args.max_ring, command.strip(), c_text, inputs)
     atomic_write_text(args.out, text)
     print(f"wrote {args.out}")
     return args.out

@@ -112,11 +112,17 @@ def plot_timeline(timeline: Timeline, title: str, path: str | Path) -> Path:
             start = i
     p = timeline.peak_index
     ax.plot([ms[p]], [gib[p]], "rv")
+    # Headroom above the peak keeps its label inside the axes (clear of the title); a peak in the right
+    # half gets a label that ends at it, so the label never runs past the right edge either.
+    ax.set_ylim(0, gib[p] * 1.2 if gib[p] > 0 else 1.0)
+    right_half = ms[p] > (ms[0] + ms[-1]) / 2
     ax.annotate(
         f"peak {gib[p]:.2f} GiB ({timeline.phase[p]})",
         (ms[p], gib[p]),
         textcoords="offset points",
-        xytext=(5, 5),
+        xytext=(-6 if right_half else 6, 6),
+        ha="right" if right_half else "left",
+        va="bottom",
         color="red",
     )
     if timeline.oom_at is not None:
@@ -124,9 +130,8 @@ def plot_timeline(timeline: Timeline, title: str, path: str | Path) -> Path:
     ax.set_xlabel("time since recording started (ms)")
     ax.set_ylabel("active memory (GiB)")
     ax.set_title(title)
-    ax.set_ylim(bottom=0)
     if shown or timeline.oom_at is not None:
-        ax.legend(loc="upper left")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside the axes, off the data
     return save_figure(fig, path)
 
 
