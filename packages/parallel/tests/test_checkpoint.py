@@ -4,6 +4,7 @@ single-process run that never stopped."""
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from lm_cases import train_step
 from parallel import FSDP, BucketedDDP, ShardedOptimizer, load_sharded, save_sharded
 from parallel.launch import spawn
 
@@ -11,22 +12,11 @@ ROWS = 12  # sequences per step, split evenly over 1 to 4 ranks
 ADAMW = dict(lr=2e-2, weight_decay=0.1, betas=(0.8, 0.95))
 
 
-def _step(model, opt, lm, step, rank, world_size):
-    _, lm_batch, lm_loss = lm
-    x, y = lm_batch(step, ROWS)
-    rows = slice(rank * ROWS // world_size, (rank + 1) * ROWS // world_size)
-    lm_loss(model, x[rows], y[rows]).backward()
-    if hasattr(model, "finish_gradient_synchronization"):
-        model.finish_gradient_synchronization()
-    opt.step()
-    opt.zero_grad()
-
-
 def _reference(lm, steps):
     model = lm[0]()
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     for step in range(steps):
-        _step(model, opt, lm, step, 0, 1)
+        train_step(model, opt, step, ROWS, 0, 1)
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
@@ -47,7 +37,7 @@ def _full(model):
 def _train_and_save(rank, world_size, kind, lm, path, steps):
     model, opt = _build(kind, lm, seed=0)
     for step in range(steps):
-        _step(model, opt, lm, step, rank, world_size)
+        train_step(model, opt, step, ROWS, rank, world_size)
     save_sharded(path, model, opt, extra={"step": steps, "rank": rank, "rng": torch.get_rng_state()})
 
 
@@ -55,7 +45,7 @@ def _load_and_continue(rank, world_size, kind, lm, path, step):
     model, opt = _build(kind, lm, seed=7)  # other initial values: everything must come from the file
     opt.param_groups[0]["lr"] = 1.0
     extra = load_sharded(path, model, opt)
-    _step(model, opt, lm, step, rank, world_size)
+    train_step(model, opt, step, ROWS, rank, world_size)
     return {k: v for k, v in extra.items() if k != "rng"}, _full(model)
 
 
@@ -80,7 +70,7 @@ def test_saved_on_n_ranks_resumes_on_m_ranks_and_in_plain_process(tmp_path, lm, 
     opt = torch.optim.AdamW(plain.parameters(), lr=1.0)
     assert load_sharded(path, plain, opt)["step"] == 2
     assert opt.param_groups[0]["lr"] == ADAMW["lr"]
-    _step(plain, opt, lm, 2, 0, 1)
+    train_step(plain, opt, 2, ROWS, 0, 1)
     _assert_close({n: p.detach().numpy() for n, p in plain.named_parameters()}, reference)
 
 
@@ -91,7 +81,7 @@ class _Unpicklable:
 
 def _failing_save(rank, world_size, lm, path, where):
     model, opt = _build("fsdp", lm, seed=0)
-    _step(model, opt, lm, 0, rank, world_size)
+    train_step(model, opt, 0, ROWS, rank, world_size)
     extra = {"unpicklable": _Unpicklable()} if rank == 1 and where == "pickle" else {}
     if rank == 1 and where == "write":  # the disk fails under one rank in the middle of the save
         def broken(self, plan, planner):

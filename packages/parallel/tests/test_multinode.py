@@ -7,19 +7,17 @@ import sys
 
 import pytest
 import torch
+from lm_cases import train_step
 from parallel.launch import free_port
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_worker.py")
 
 
 def _reference(lm):
-    torch_lm, lm_batch, lm_loss = lm
-    model = torch_lm()
+    model = lm[0]()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for step in range(3):
-        lm_loss(model, *lm_batch(step, 12)).backward()
-        opt.step()
-        opt.zero_grad()
+        train_step(model, opt, step, 12)
     return model.state_dict()
 
 

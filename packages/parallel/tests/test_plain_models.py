@@ -3,37 +3,24 @@ tied input/output embeddings, a persistent and a non-persistent buffer), against
 
 import pytest
 import torch
-from parallel import DDP, FSDP, BucketedDDP, FlatDDP, NaiveDDP
+from lm_cases import WRAPPERS, train_step
 from parallel.launch import spawn
 
 ROWS, STEPS = 6, 3
-WRAPPERS = {
-    "naive": NaiveDDP,
-    "flat": FlatDDP,
-    "ddp": DDP,
-    "bucketed": lambda m: BucketedDDP(m, bucket_size_mb=1e-4),
-    "fsdp": FSDP,
-}
 
 
-def _train(model, lm, rank, world_size):
-    _, lm_batch, lm_loss = lm
+def _train(model, rank=0, world_size=1):
+    """``STEPS`` AdamW steps of ``model`` on this rank's share of every batch."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    rows = slice(rank * ROWS // world_size, (rank + 1) * ROWS // world_size)
     for step in range(STEPS):
-        x, y = lm_batch(step, ROWS)
-        lm_loss(model, x[rows], y[rows]).backward()
-        if hasattr(model, "finish_gradient_synchronization"):
-            model.finish_gradient_synchronization()
-        opt.step()
-        opt.zero_grad()
+        train_step(model, opt, step, ROWS, rank, world_size)
 
 
 def _wrapped(rank, world_size, lm):
     results = {}
     for name, wrap in WRAPPERS.items():
         model = wrap(lm[0](seed=rank))  # every wrapper starts from rank 0's values
-        _train(model, lm, rank, world_size)
+        _train(model, rank, world_size)
         if name == "fsdp":
             state = {k: v.numpy() for k, v in model.state_dict().items()}
         else:
@@ -45,7 +32,7 @@ def _wrapped(rank, world_size, lm):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_wrappers_train_plain_torch_models_like_one_process(lm, world_size):
     reference = lm[0]()
-    _train(reference, lm, 0, 1)
+    _train(reference)
     expected = reference.state_dict()
     assert "positions" not in expected and "scale" in expected
     for results in spawn(_wrapped, world_size, lm, timeout=90):

@@ -7,17 +7,11 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from parallel import DDP, FSDP, BucketedDDP, FlatDDP, NaiveDDP, ShardedOptimizer
+from lm_cases import WRAPPERS, rank_rows
+from parallel import DDP, FSDP, BucketedDDP, ShardedOptimizer
 from parallel.launch import WorkerError, spawn
 
 ROWS = 6  # sequences per step, split evenly over 2 or 3 ranks
-WRAPPERS = {
-    "naive": NaiveDDP,
-    "flat": FlatDDP,
-    "ddp": DDP,
-    "bucketed": lambda m: BucketedDDP(m, bucket_size_mb=1e-4),
-    "fsdp": FSDP,
-}
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast")
 
 
@@ -41,10 +35,6 @@ def _counting(counts: dict):
             setattr(dist, name, fn)
 
 
-def _rows(rank, world_size):
-    return slice(rank * ROWS // world_size, (rank + 1) * ROWS // world_size)
-
-
 def _grads(model):
     if isinstance(model, FSDP):
         return {n: g.double().numpy() for n, g in model.gather_full_grads().items()}
@@ -54,10 +44,11 @@ def _grads(model):
 def _clip_everywhere(rank, world_size, lm, max_norm, norm_type):
     torch_lm, lm_batch, lm_loss = lm
     x, y = lm_batch(0, ROWS)
+    share = rank_rows(rank, world_size, ROWS)
     results = {}
     for name, wrap in WRAPPERS.items():
         model = wrap(torch_lm(dtype=torch.float32 if name == "fsdp" else torch.float64))
-        lm_loss(model, x[_rows(rank, world_size)], y[_rows(rank, world_size)]).backward()
+        lm_loss(model, x[share], y[share]).backward()
         model.finish_gradient_synchronization()
         with _counting({}) as counts:
             norm = model.clip_grad_norm_(max_norm, norm_type)
@@ -66,7 +57,7 @@ def _clip_everywhere(rank, world_size, lm, max_norm, norm_type):
     model = torch_lm(dtype=torch.float64)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=1.0)
-    lm_loss(model, x[_rows(rank, world_size)], y[_rows(rank, world_size)]).backward()
+    lm_loss(model, x[share], y[share]).backward()
     with _counting({}) as counts:
         norm = opt.clip_grad_norm_(max_norm, norm_type)
     opt.step()
@@ -113,14 +104,14 @@ def test_clip_refuses_negative_and_non_finite_max_norm(value):
 
 def _fsdp_accumulates(rank, world_size, lm):
     torch_lm, lm_batch, lm_loss = lm
-    model = FSDP(torch_lm())
+    model, share = FSDP(torch_lm()), rank_rows(rank, world_size, ROWS)
     with _counting({}) as inside, model.no_sync():
         for step in range(2):
             x, y = lm_batch(step, ROWS)
-            lm_loss(model, x[_rows(rank, world_size)], y[_rows(rank, world_size)]).backward()
+            lm_loss(model, x[share], y[share]).backward()
     x, y = lm_batch(2, ROWS)
     with _counting({}) as outside:
-        lm_loss(model, x[_rows(rank, world_size)], y[_rows(rank, world_size)]).backward()
+        lm_loss(model, x[share], y[share]).backward()
         model.finish_gradient_synchronization()
     return _grads(model), inside, outside
 

@@ -7,25 +7,16 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parallel import DDP, FSDP, BucketedDDP, FlatDDP, NaiveDDP, ShardedOptimizer
+from lm_cases import WRAPPERS, torch_lm, train_step
+from parallel import ShardedOptimizer
 from parallel.launch import init_from_env
 
-from conftest import lm_batch, lm_loss, torch_lm
-
 ROWS, STEPS = 12, 3
-WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "ddp": DDP,
-            "bucketed": lambda m: BucketedDDP(m, bucket_size_mb=1e-4), "fsdp": FSDP}
 
 
 def train(model, opt, rank, world_size):
-    rows = slice(rank * ROWS // world_size, (rank + 1) * ROWS // world_size)
     for step in range(STEPS):
-        x, y = lm_batch(step, ROWS)
-        lm_loss(model, x[rows], y[rows]).backward()
-        if hasattr(model, "finish_gradient_synchronization"):
-            model.finish_gradient_synchronization()
-        opt.step()
-        opt.zero_grad()
+        train_step(model, opt, step, ROWS, rank, world_size)
 
 
 def main() -> None:
