@@ -3,26 +3,78 @@
 Paths are tried in the order of :data:`PATHS`; each names why it cannot take a call (``None``: it can). The
 tiled PyTorch version takes everything the input checks accept and ends the list. A CUDA call that ends up
 there warns once per reason (it is orders of magnitude slower); CPU calls have no faster path and do not warn.
-A faster path for some inputs (an sm90 kernel, say) goes first in :data:`PATHS` with a reason function that
-refuses what it does not cover (``window is not None``, ``varlen``, other head dims or dtypes), so those calls
-fall through to Triton.
+
+The Triton path runs one of two kernel sets for each pass (:func:`triton_kernels`): the sm90 kernels of
+:mod:`flashattn.hopper` where they cover the call (H100/H200, bf16/fp16, head dims 64 and 128, no window, not
+packed), else the portable ones. Both read and write the same saved ``O`` and ``L``, so the backward is chosen
+on its own: :data:`HOPPER_BACKWARD` names the one that measured faster after a Hopper forward.
 """
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from flashattn.inputs import Window, check_window
+from flashattn.inputs import Window, as_4d, check_window
+
+KERNELS = ("hopper", "portable")
+# The backward that follows a Hopper forward, and why. `python -m flashattn.bench` times both in one run
+# (columns "portable" and "hopper"; docs/flashattn.md, Hopper section).
+HOPPER_BACKWARD = "portable"
+HOPPER_BACKWARD_WHY = "the Hopper backward ran at 0.94-0.98x of it on the H200, (1, 32, S, 128) bf16"
+_pinned: tuple[str, str] | None = None
 
 
 class Choice(NamedTuple):
-    """The implementation a call takes (``"triton"``, ``"pytorch"``) and the reason, in words."""
+    """The implementation a call takes (``"triton"``, ``"pytorch"``), the reason in words, and the kernels
+    its forward and backward run (``"hopper"``, ``"portable"``, ``"pytorch"``)."""
 
     name: str
     reason: str
+    forward: str
+    backward: str
+
+
+@contextlib.contextmanager
+def pinned_kernels(forward: str, backward: str) -> Iterator[None]:
+    """Run ``forward`` / ``backward`` (each ``"hopper"`` or ``"portable"``) for every Triton call inside the
+    ``with`` block that the Hopper path covers (the benchmark's columns, tests); others stay portable. The
+    backward kernel is fixed when the forward runs, so only the forward call needs to be inside."""
+    global _pinned
+    for name, kernel in (("forward", forward), ("backward", backward)):
+        if kernel not in KERNELS:
+            raise ValueError(f"{name} must be one of {KERNELS}, got {kernel!r}")
+    previous, _pinned = _pinned, (forward, backward)
+    try:
+        yield
+    finally:
+        _pinned = previous
+
+
+def triton_kernels(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, window: Window = None, varlen: bool = False
+) -> tuple[str, str, str]:
+    """``(forward, backward, why)``: the kernels :class:`flashattn.FlashAttention2Triton` runs for a call,
+    ``"hopper"`` or ``"portable"`` each, and the reason in words."""
+    from flashattn import hopper
+
+    if window is not None:
+        reason = "sliding windows are not covered"
+    elif varlen:
+        reason = "packed documents are not covered"
+    elif not all(isinstance(t, Tensor) and t.ndim >= 2 for t in (q, k, v)):
+        reason = "q, k, v are not (..., seq, d) tensors"
+    else:
+        reason = hopper.unsupported_reason(as_4d(q), as_4d(k), as_4d(v), is_causal)
+    if reason is not None:
+        return "portable", "portable", f"portable forward and backward (hopper: {reason})"
+    if _pinned is not None:
+        return *_pinned, f"{_pinned[0]} forward, {_pinned[1]} backward (pinned)"
+    why = f"hopper forward (the sm90 kernels cover the call), {HOPPER_BACKWARD} backward"
+    return "hopper", HOPPER_BACKWARD, f"{why} ({HOPPER_BACKWARD_WHY})"
 
 
 def _triton_reason(
@@ -48,14 +100,15 @@ def choose(
     for name, why_not in PATHS:
         reason = why_not(q, k, v, is_causal, window, varlen)
         if reason is None:
-            why = f"{name} takes {str(q.dtype)[6:]} on {q.device.type}"
-            return Choice(name, why + (f" ({'; '.join(refusals)})" if refusals else ""))
+            forward, backward, kernels = triton_kernels(q, k, v, is_causal, window, varlen)
+            why = f"{name} takes {str(q.dtype)[6:]} on {q.device.type}: {kernels}"
+            return Choice(name, why + (f" ({'; '.join(refusals)})" if refusals else ""), forward, backward)
         refusals.append(f"{name}: {reason}")
     reason = "pytorch (tiled, slow): " + "; ".join(refusals)
     if q.device.type == "cuda" and reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"flashattn falls back to {reason}", RuntimeWarning, stacklevel=3)
-    return Choice("pytorch", reason)
+    return Choice("pytorch", reason, "pytorch", "pytorch")
 
 
 @torch.compiler.disable

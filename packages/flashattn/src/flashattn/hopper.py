@@ -114,13 +114,22 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> str 
     reason = _shape_reason(q, k, v, is_causal)
     if reason is not None:
         return reason
-    if q.device.type != "cuda":
-        return f"q is on {q.device}; the Hopper path needs CUDA tensors"
+    return device_reason(q.device)
+
+
+def device_reason(device: torch.device) -> str | None:
+    """Why tensors on ``device`` cannot take the Hopper kernels (not CUDA, the interpreter, not sm90)."""
+    if device.type != "cuda":
+        return f"q is on {device}; the Hopper path needs CUDA tensors"
     if triton.knobs.runtime.interpret:
         return "TRITON_INTERPRET=1 is set; interpreted calls take the portable kernel"
-    capability = torch.cuda.get_device_capability(q.device)
-    if capability != (9, 0):
-        return f"the GPU has compute capability {capability}; the Hopper path needs (9, 0)"
+    return capability_reason(torch.cuda.get_device_capability(device))
+
+
+def capability_reason(capability: tuple[int, int]) -> str | None:
+    """None for compute capability (9, 0) (H100, H200), else why not: the kernels' wgmma exists only there."""
+    if tuple(capability) != (9, 0):
+        return f"the GPU has compute capability {tuple(capability)}; the Hopper path needs (9, 0)"
     return None
 
 
