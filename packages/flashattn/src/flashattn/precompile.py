@@ -3,6 +3,8 @@
 Each variant takes seconds to compile and one process compiles one at a time; worker processes fill Triton's
 on-disk cache (``TRITON_CACHE_DIR``) side by side, so the benchmarks and tests that follow only load kernels.
 Lengths, head counts and window sizes are not specialised on, so one tiny run per variant covers them all.
+Where the sm90 kernels of :mod:`flashattn.hopper` cover a variant, both the Hopper and the portable forward
+and backward are built (the public path runs one of each; ``flashattn.bench`` times all four).
 ``--suite`` adds the variants of the GPU tests and of ``flashattn.bench``'s feature table.
 
 Usage: ``python -m flashattn.precompile --head-dims 64 128 --dtypes bf16 fp32 --jobs 12``.
@@ -44,6 +46,7 @@ def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
     import torch
 
     from flashattn.benchutil import DTYPES
+    from flashattn.dispatch import KERNELS, pinned_kernels, triton_kernels
     from flashattn.triton_flash import (
         FlashAttention2Triton,
         FlashAttentionVarlenTriton,
@@ -61,10 +64,15 @@ def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
             if variant.varlen:
                 cu = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
                 args = (cu, cu, 200, 200, variant.causal, variant.window)
-                o = FlashAttentionVarlenTriton.apply(q.requires_grad_(), k, v, *args)
+                FlashAttentionVarlenTriton.apply(q.requires_grad_(), k, v, *args).backward(do)
+            elif triton_kernels(q, k, v, variant.causal, variant.window)[0] == "hopper":
+                for kernel in KERNELS:
+                    with pinned_kernels(kernel, kernel):
+                        o = FlashAttention2Triton.apply(q.requires_grad_(), k, v, variant.causal, None)
+                    o.backward(do)
             else:
                 o = FlashAttention2Triton.apply(q.requires_grad_(), k, v, variant.causal, variant.window)
-            o.backward(do)
+                o.backward(do)
         torch.cuda.synchronize()
         status = "ok"
     except Exception as exc:  # a tile shape that does not fit is reported, not fatal
