@@ -21,6 +21,7 @@ def fake_gpu(monkeypatch):
         slow = {
             "ours": 1.0,
             "portable": 1.1,
+            "gluon": 0.8,
             "hopper": 0.9,
             "naive": 4.0,
             "sdpa_flash": 1.5,
@@ -29,7 +30,7 @@ def fake_gpu(monkeypatch):
         return {"fwd": base * slow, "bwd": 2.5 * base * slow, "fwd+bwd": 3.5 * base * slow}
 
     monkeypatch.setattr(tables, "time_passes", fake_time_passes)
-    monkeypatch.setattr(tables, "precompile", lambda variants, jobs: [])
+    monkeypatch.setattr(tables, "precompile", lambda variants, jobs, kernel_sets: [])
     monkeypatch.setattr(tables, "matmul_tflops", lambda: 795.0)
     monkeypatch.setattr(
         tables, "multihead_cases", lambda seqs: [((1, 4, 512, 64), 4, True), ((1, 4, 512, 64), 2, False)]

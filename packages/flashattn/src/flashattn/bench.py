@@ -21,7 +21,7 @@ Usage: ``python -m flashattn.bench --out results/`` (``--quick`` for a small sub
 import argparse
 from pathlib import Path
 
-IMPLEMENTATION_NAMES = ("ours", "portable", "hopper", "naive", "sdpa_flash", "sdpa_cudnn")
+IMPLEMENTATION_NAMES = ("ours", "portable", "hopper", "gluon", "naive", "sdpa_flash", "sdpa_cudnn")
 TABLES = ("multihead", "sweep", "features")
 
 

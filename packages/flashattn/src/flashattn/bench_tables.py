@@ -17,22 +17,33 @@ from flashattn.dispatch import pinned_kernels
 from flashattn.precompile import Variant, precompile
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
-OURS = ("ours", "portable", "hopper")  # take K/V with fewer heads; the others get them expanded (untimed)
-TFLOPS_COLUMNS = ("ours", "portable", "hopper", "sdpa_cudnn")
+OURS = (
+    "ours",
+    "portable",
+    "hopper",
+    "gluon",
+)  # take K/V with fewer heads; others get them expanded (untimed)
+TFLOPS_COLUMNS = ("ours", "portable", "hopper", "gluon", "sdpa_cudnn")
+# (forward, backward) kernels of each pinned column where the sm90 path covers the call
+PINNED = {
+    "portable": ("portable", "portable"),
+    "hopper": ("hopper", "hopper"),
+    "gluon": ("gluon", "portable"),
+}
 
 
-def _pinned(kernel: str):
-    """``FlashAttention2Triton`` with ``kernel``'s forward and backward wherever the Hopper path covers."""
+def _pinned(forward: str, backward: str):
+    """``FlashAttention2Triton`` with these kernels wherever the Hopper path covers the call."""
 
     def attend(q, k, v, is_causal):
-        with pinned_kernels(kernel, kernel):
+        with pinned_kernels(forward, backward):
             return benchutil.FlashAttention2Triton.apply(q, k, v, is_causal)
 
     return attend
 
 
-# "ours" is what the public names run (on sm90: the Hopper forward, the portable backward).
-IMPLEMENTATIONS = {**benchutil.IMPLEMENTATIONS, "portable": _pinned("portable"), "hopper": _pinned("hopper")}
+# "ours" is what the public names run (on sm90: dispatch.HOPPER_FORWARD, then dispatch.HOPPER_BACKWARD).
+IMPLEMENTATIONS = {**benchutil.IMPLEMENTATIONS} | {name: _pinned(*pair) for name, pair in PINNED.items()}
 
 
 def multihead_cases(seqs: list[int]) -> list[tuple[tuple[int, int, int, int], int, bool]]:
@@ -140,7 +151,9 @@ def run(args) -> None:
     dims = sorted({*args.head_dims, *(shape[3] for shape, _, _ in cases)})
     variants = [Variant(d, t, c) for d, t, c in product(dims, args.dtypes, (True, False))]
     variants += FEATURE_VARIANTS if "features" in args.only else []
-    precompile(variants, args.jobs)
+    precompile(
+        variants, args.jobs, tuple({PINNED[i] for i in args.impls if i in PINNED} | {PINNED["portable"]})
+    )
     print(f"compiled our kernels in {time.perf_counter() - start:.1f} s", flush=True)
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)

@@ -20,9 +20,11 @@ from torch import Tensor
 
 from flashattn.inputs import Window, as_4d, check_window
 
-KERNELS = ("hopper", "portable")
-# The backward that follows a Hopper forward, and why. `python -m flashattn.bench` times both in one run
-# (columns "portable" and "hopper"; docs/flashattn.md, Hopper section).
+FORWARD_KERNELS = ("hopper", "gluon", "portable")  # "gluon": the warp-specialised sm90 forward
+BACKWARD_KERNELS = ("hopper", "portable")
+# The sm90 forward and the backward that follows it, and why. `python -m flashattn.bench` times each in one
+# run (columns "portable", "hopper", "gluon"; docs/flashattn.md, Hopper section).
+HOPPER_FORWARD = "hopper"
 HOPPER_BACKWARD = "portable"
 HOPPER_BACKWARD_WHY = "the Hopper backward ran at 0.94-0.98x of it on the H200, (1, 32, S, 128) bf16"
 _pinned: tuple[str, str] | None = None
@@ -40,13 +42,16 @@ class Choice(NamedTuple):
 
 @contextlib.contextmanager
 def pinned_kernels(forward: str, backward: str) -> Iterator[None]:
-    """Run ``forward`` / ``backward`` (each ``"hopper"`` or ``"portable"``) for every Triton call inside the
-    ``with`` block that the Hopper path covers (the benchmark's columns, tests); others stay portable. The
-    backward kernel is fixed when the forward runs, so only the forward call needs to be inside."""
+    """Run ``forward`` (one of :data:`FORWARD_KERNELS`) and ``backward`` (:data:`BACKWARD_KERNELS`) for every
+    Triton call inside the ``with`` block that the Hopper path covers (the benchmark's columns, tests); others
+    stay portable. The backward is fixed when the forward runs: only the forward call need be inside."""
     global _pinned
-    for name, kernel in (("forward", forward), ("backward", backward)):
-        if kernel not in KERNELS:
-            raise ValueError(f"{name} must be one of {KERNELS}, got {kernel!r}")
+    for name, kernel, kernels in (
+        ("forward", forward, FORWARD_KERNELS),
+        ("backward", backward, BACKWARD_KERNELS),
+    ):
+        if kernel not in kernels:
+            raise ValueError(f"{name} must be one of {kernels}, got {kernel!r}")
     previous, _pinned = _pinned, (forward, backward)
     try:
         yield
@@ -58,7 +63,7 @@ def triton_kernels(
     q: Tensor, k: Tensor, v: Tensor, is_causal: bool, window: Window = None, varlen: bool = False
 ) -> tuple[str, str, str]:
     """``(forward, backward, why)``: the kernels :class:`flashattn.FlashAttention2Triton` runs for a call,
-    ``"hopper"`` or ``"portable"`` each, and the reason in words."""
+    (:data:`FORWARD_KERNELS`, :data:`BACKWARD_KERNELS`), and the reason in words."""
     from flashattn import hopper
 
     if window is not None:
@@ -73,8 +78,8 @@ def triton_kernels(
         return "portable", "portable", f"portable forward and backward (hopper: {reason})"
     if _pinned is not None:
         return *_pinned, f"{_pinned[0]} forward, {_pinned[1]} backward (pinned)"
-    why = f"hopper forward (the sm90 kernels cover the call), {HOPPER_BACKWARD} backward"
-    return "hopper", HOPPER_BACKWARD, f"{why} ({HOPPER_BACKWARD_WHY})"
+    why = f"{HOPPER_FORWARD} forward (the sm90 kernels cover the call), {HOPPER_BACKWARD} backward"
+    return HOPPER_FORWARD, HOPPER_BACKWARD, f"{why} ({HOPPER_BACKWARD_WHY})"
 
 
 def _triton_reason(

@@ -193,6 +193,46 @@ def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, T
     return o, lse
 
 
+# The Gluon forward's launch shape per head dim: two consumer warpgroups of 64 query rows each (128 per
+# program), 128-key tiles, K/V slots in shared memory (d 128: 197 KB of the 227 KB with 2 slots).
+GLUON_STAGES = {128: 2, 64: 3}
+GLUON_MAXNREG = 168  # 12 warps x 32 threads x 168 = 64 512 of the SM's 65 536 registers at entry
+
+
+def _gluon_desc(t: Tensor, rows: int):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    block = [1, 1, rows, t.shape[-1]]
+    layout = gl.NVMMASharedLayout.get_default_for(
+        block, gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    )
+    return GluonDescriptor.from_tensor(t, block, layout)
+
+
+def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
+    """:func:`forward` by the warp-specialised Gluon kernel of :mod:`flashattn.gluon_fwd` (sm90 GPUs only):
+    ``o`` ``(B, H, Sq, d)`` and fp32 ``lse`` ``(B, H, Sq)``, natural log."""
+    from flashattn.gluon_fwd import gluon_fwd_kernel
+
+    _check_shapes(q, k, v, is_causal)
+    reason = device_reason(q.device)
+    if reason is not None:
+        raise ValueError(reason)
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    block_m, block_n = 64, 128
+    gluon_fwd_kernel[(triton.cdiv(seq_q, 2 * block_m) * batch * heads,)](
+        _gluon_desc(q, block_m), _gluon_desc(k, block_n), _gluon_desc(v, block_n), _gluon_desc(o, block_m),
+        lse, heads, heads // heads_k, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=GLUON_STAGES[head_dim], CAUSAL=is_causal,
+        num_warps=4, maxnreg=GLUON_MAXNREG,
+    )  # fmt: skip
+    return o, lse
+
+
 def backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
 ) -> tuple[Tensor, Tensor, Tensor]:

@@ -228,6 +228,8 @@ class FlashAttention2Triton(torch.autograd.Function):
         configs = configs_for(q.shape[-1], q.dtype)
         if forward_kernel == "hopper":
             o, lse = hopper.forward(q4, k4, v4, is_causal)
+        elif forward_kernel == "gluon":
+            o, lse = hopper.gluon_forward(q4, k4, v4, is_causal)
         else:
             o, lse = launch_forward(q4, k4, v4, is_causal, configs.forward, window)
         o, lse = o.reshape(q.shape), lse.reshape(q.shape[:-1])
