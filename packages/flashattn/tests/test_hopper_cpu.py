@@ -113,9 +113,11 @@ def _interpreted_errors() -> dict[str, dict[str, float]]:
 
 
 def _public_errors(tiles, gen) -> dict[str, float]:
-    """``FlashAttention2Triton`` on a pretended sm90: the Hopper forward (bitwise ``hopper.forward``'s
-    output), then the backward :data:`flashattn.dispatch.HOPPER_BACKWARD` names, from the saved O, L."""
+    """``FlashAttention2Triton`` on a pretended sm90 with the Triton-language Hopper forward pinned (the Gluon
+    one does not run interpreted): bitwise ``hopper.forward``'s output, then the portable backward from the
+    saved O and L."""
     from flashattn import hopper
+    from flashattn.dispatch import pinned_kernels
     from flashattn.triton_flash import FlashAttention2Triton, KernelConfigs, TileConfig, pinned_configs
 
     hopper.device_reason = lambda device: None
@@ -124,7 +126,8 @@ def _public_errors(tiles, gen) -> dict[str, float]:
     k, v = (torch.randn(2, 2, 45, 64, generator=gen).half() for _ in range(2))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     with hopper.pinned_configs(tiles), pinned_configs(portable):
-        o = FlashAttention2Triton.apply(*leaves, True)
+        with pinned_kernels("hopper", "portable"):
+            o = FlashAttention2Triton.apply(*leaves, True)
         o.backward(do)
         same = torch.equal(o.detach(), hopper.forward(q, k, v, True)[0])
     gold = [t.double().requires_grad_() for t in (q, k, v)]

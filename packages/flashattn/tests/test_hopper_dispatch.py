@@ -31,15 +31,21 @@ def test_capability_reason():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_sm90_covered_calls_take_hopper_forward_and_the_faster_backward(sm90, dtype, head_dim):
+def test_sm90_covered_calls_take_the_faster_sm90_kernels(sm90, dtype, head_dim):
     q, kv = _t(2, 8, 97, head_dim, dtype=dtype), _t(2, 2, 1025, head_dim, dtype=dtype)  # GQA 8 / 2
     for causal in (True, False):
         choice = choose(q, kv, kv, causal)
         assert choice.name == "triton"
-        assert (choice.forward, choice.backward) == ("hopper", dispatch.HOPPER_BACKWARD)
-        assert "hopper forward" in choice.reason and f"{dispatch.HOPPER_BACKWARD} backward" in choice.reason
+        backward = dispatch.HOPPER_BACKWARD[head_dim]
+        assert (choice.forward, choice.backward) == (dispatch.HOPPER_FORWARD, backward)
+        assert (
+            f"{dispatch.HOPPER_FORWARD} forward" in choice.reason and f"{backward} backward" in choice.reason
+        )
     q3 = _t(8, 17, head_dim, dtype=dtype)  # (heads, seq, d): a batch of one
-    assert triton_kernels(q3, q3, q3, True)[:2] == ("hopper", dispatch.HOPPER_BACKWARD)
+    assert triton_kernels(q3, q3, q3, True)[:2] == (
+        dispatch.HOPPER_FORWARD,
+        dispatch.HOPPER_BACKWARD[head_dim],
+    )
 
 
 @pytest.mark.parametrize(
@@ -83,7 +89,8 @@ def test_pinned_kernels(sm90):
         assert triton_kernels(q, q, q, False, window=(3, 3))[:2] == ("portable", "portable")
     with pinned_kernels("portable", "portable"):
         assert choose(q, q, q, True)[2:] == ("portable", "portable")
-    assert triton_kernels(q, q, q, False)[:2] == ("hopper", dispatch.HOPPER_BACKWARD)
+    assert triton_kernels(q, q, q, False)[:2] == (dispatch.HOPPER_FORWARD, dispatch.HOPPER_BACKWARD[128])
+    assert set(dispatch.HOPPER_BACKWARD) == set(hopper.HEAD_DIMS)
     with pytest.raises(ValueError, match="backward must be one of"), pinned_kernels("hopper", "cudnn"):
         pass
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from flashattn import flash_attention, hopper, reference
-from flashattn.dispatch import HOPPER_BACKWARD, choose
+from flashattn.dispatch import HOPPER_BACKWARD, HOPPER_FORWARD, choose
 from flashattn.triton_flash import FlashAttention2Triton
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -134,6 +134,7 @@ def test_lse_is_natural_log_of_softmax_denominator():
 
 
 ENTRY_POINTS = {"flash_attention": flash_attention, "FlashAttention2Triton": FlashAttention2Triton.apply}
+SM90_FORWARD = {"hopper": hopper.forward, "gluon": hopper.gluon_forward}[HOPPER_FORWARD]
 PUBLIC_CASES = [CASES[1], CASES[4], CASES[5], CASES[6], CASES[9], CASES[11]]
 
 
@@ -150,17 +151,18 @@ def _public(fn, q, k, v, do, causal):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", PUBLIC_CASES, ids=_case_id)
 def test_public_entry_points_take_hopper_forward(case, dtype, entry):
-    """On sm90 the public names run the Hopper forward (bitwise its output) and the chosen backward, within
-    twice plain attention's error against float64."""
+    """On sm90 the public names run the chosen sm90 forward (bitwise its output) and backward, within twice
+    plain attention's error against float64."""
     causal = case[-1]
     q, k, v, do = _inputs(case, dtype, seed=sum(case[:6]) + 1)
     choice = choose(q, k, v, causal)
-    assert (choice.name, choice.forward, choice.backward) == ("triton", "hopper", HOPPER_BACKWARD), choice
+    expected = ("triton", HOPPER_FORWARD, HOPPER_BACKWARD[q.shape[-1]])
+    assert (choice.name, choice.forward, choice.backward) == expected, choice
     gold = _plain(*(t.double() for t in (q, k, v, do)), causal)
     plain = _plain(q, k, v, do, causal)
     _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
     ours = _public(ENTRY_POINTS[entry], q, k, v, do, causal)
-    assert torch.equal(ours[0], hopper.forward(q, k, v, causal)[0]), "the Hopper forward did not run"
+    assert torch.equal(ours[0], SM90_FORWARD(q, k, v, causal)[0]), "the sm90 forward did not run"
     for name, x, p, g in zip(("o", "lse", "dq", "dk", "dv"), ours, plain, gold, strict=True):
         assert x.shape == g.shape and x.dtype == (torch.float32 if name == "lse" else dtype), name
         assert torch.isfinite(x).all(), f"{name} has unwritten (NaN) or infinite elements"
@@ -179,15 +181,13 @@ def test_public_entry_point_repeats_bitwise(case):
 
 
 def test_public_layouts_and_fallbacks():
-    """The attention layer's ``(B, S, H, d).transpose(1, 2)`` layout and 3-D inputs take the Hopper forward;
+    """The attention layer's ``(B, S, H, d).transpose(1, 2)`` layout and 3-D inputs take the sm90 forward;
     a window and fp32 take the portable kernels."""
     gen = torch.Generator(device="cuda").manual_seed(6)
     q, k, v = (torch.randn(2, 300, 4, 128, device="cuda", generator=gen, dtype=torch.bfloat16).transpose(1, 2)
                for _ in range(3))  # fmt: skip
-    assert choose(q, k, v, True).forward == "hopper" and choose(q[0], k[0], v[0], True).forward == "hopper"
-    torch.testing.assert_close(
-        flash_attention(q, k, v, True), hopper.forward(q, k, v, True)[0], atol=0, rtol=0
-    )
+    assert choose(q, k, v, True).forward == HOPPER_FORWARD == choose(q[0], k[0], v[0], True).forward
+    torch.testing.assert_close(flash_attention(q, k, v, True), SM90_FORWARD(q, k, v, True)[0], atol=0, rtol=0)
     three_d = flash_attention(q[0], k[0], v[0], True)[None]
     assert torch.equal(three_d, flash_attention(q[:1], k[:1], v[:1], True))
     assert choose(q, k, v, True, window=(64, 0)).forward == "portable"

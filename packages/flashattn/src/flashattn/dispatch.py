@@ -7,7 +7,7 @@ there warns once per reason (it is orders of magnitude slower); CPU calls have n
 The Triton path runs one of two kernel sets for each pass (:func:`triton_kernels`): the sm90 kernels of
 :mod:`flashattn.hopper` where they cover the call (H100/H200, bf16/fp16, head dims 64 and 128, no window, not
 packed), else the portable ones. Both read and write the same saved ``O`` and ``L``, so the backward is chosen
-on its own: :data:`HOPPER_BACKWARD` names the one that measured faster after a Hopper forward.
+on its own: :data:`HOPPER_FORWARD` and :data:`HOPPER_BACKWARD` name the kernels that measured fastest.
 """
 
 import contextlib
@@ -22,11 +22,15 @@ from flashattn.inputs import Window, as_4d, check_window
 
 FORWARD_KERNELS = ("hopper", "gluon", "portable")  # "gluon": the warp-specialised sm90 forward
 BACKWARD_KERNELS = ("hopper", "portable")
-# The sm90 forward and the backward that follows it, and why. `python -m flashattn.bench` times each in one
-# run (columns "portable", "hopper", "gluon"; docs/flashattn.md, Hopper section).
-HOPPER_FORWARD = "hopper"
-HOPPER_BACKWARD = "portable"
-HOPPER_BACKWARD_WHY = "the Hopper backward ran at 0.94-0.98x of it on the H200, (1, 32, S, 128) bf16"
+# The sm90 forward and, per head dim, the backward that follows it, with the measurements behind them
+# (`python -m flashattn.bench` times every kernel set in one run; docs/flashattn.md, Hopper section).
+HOPPER_FORWARD = "gluon"
+HOPPER_FORWARD_WHY = "on the H200 it ran 1.14-1.22x faster than the Triton-language Hopper forward"
+HOPPER_BACKWARD = {64: "hopper", 128: "portable"}
+HOPPER_BACKWARD_WHY = {
+    64: "at (4, 16, 4096, 64) the Hopper backward ran 1.24-1.36x faster than the portable one",
+    128: "at (1, 32, S, 128) the two backwards tied: 0.94-1.06x, no consistent winner",
+}
 _pinned: tuple[str, str] | None = None
 
 
@@ -78,8 +82,10 @@ def triton_kernels(
         return "portable", "portable", f"portable forward and backward (hopper: {reason})"
     if _pinned is not None:
         return *_pinned, f"{_pinned[0]} forward, {_pinned[1]} backward (pinned)"
-    why = f"{HOPPER_FORWARD} forward (the sm90 kernels cover the call), {HOPPER_BACKWARD} backward"
-    return HOPPER_FORWARD, HOPPER_BACKWARD, f"{why} ({HOPPER_BACKWARD_WHY})"
+    head_dim = q.shape[-1]
+    backward = HOPPER_BACKWARD[head_dim]
+    why = f"{HOPPER_FORWARD} forward ({HOPPER_FORWARD_WHY}), "
+    return HOPPER_FORWARD, backward, why + f"{backward} backward ({HOPPER_BACKWARD_WHY[head_dim]})"
 
 
 def _triton_reason(

@@ -175,13 +175,13 @@ def _opts(tile: HopperTile) -> dict:
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
-    """``o`` ``(B, H, Sq, d)`` (contiguous, q's dtype) and fp32 ``lse`` ``(B, H, Sq)`` (natural log)."""
+    """``o`` ``(B, H, Sq, d)`` (q's dtype and layout) and fp32 ``lse`` ``(B, H, Sq)`` (natural log)."""
     _check_shapes(q, k, v, is_causal)
     _check_device(q)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     tile = configs_for(head_dim).forward
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o = torch.empty_like(q)  # q's layout, e.g. the (B, S, H, d) storage of attention layers
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     work = triton.cdiv(seq_q, tile.block_m) * batch * heads
     fwd_kernel[(_n_programs(work, tile, q.device),)](
@@ -221,7 +221,7 @@ def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Ten
         raise ValueError(reason)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o = torch.empty_like(q)  # q's layout, e.g. the (B, S, H, d) storage of attention layers
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     block_m, block_n = 64, 128
     gluon_fwd_kernel[(triton.cdiv(seq_q, 2 * block_m) * batch * heads,)](
@@ -236,7 +236,7 @@ def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Ten
 def backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``dq, dk, dv`` (contiguous, shaped like ``q, k, v``) from the forward's ``o`` and ``lse``."""
+    """``dq, dk, dv`` (in the layouts of ``q, k, v``) from the forward's ``o`` and ``lse``."""
     _check_shapes(q, k, v, is_causal)
     if o.shape != q.shape or do.shape != q.shape:
         raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape {tuple(q.shape)}")
@@ -251,7 +251,7 @@ def backward(
     configs = configs_for(head_dim)
     head_counts = (heads, heads // heads_k)
     qk_scale, sm_scale = LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     delta = torch.empty_like(lse)
 
     t = configs.dq
