@@ -33,13 +33,14 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 @gluon.jit
 def _load_partition(
-    desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-):  # fmt: skip
-    """The producer: both query halves, then every K and V tile in order through the ring of slots."""
+    loads, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr
+):
+    """The producer: every consumer's query rows, then every K and V tile in order through the slots.
+    ``loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)``."""
+    desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv = loads
     q_smem, k_smem, v_smem = smem
     q_bar, k_ready, k_empty, v_ready, v_empty = bars
-    for half in gl.static_range(2):
+    for half in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bar.index(half), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(
             desc_q, [b, h, start_m + half * BLOCK_M, 0], q_bar.index(half), q_smem.index(half)
@@ -61,10 +62,11 @@ def _load_partition(
 
 @gluon.jit
 def _softmax_step(
-    s, row_max, row_sum, j, mask_from, offs_m, seq_k, causal_shift, qk_scale,
-    BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-):  # fmt: skip
-    """Online softmax of one score tile: new row max and sum, the rescale factor, and ``P`` (fp32)."""
+    s, row_max, row_sum, j, mask, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr
+):
+    """Online softmax of score tile ``j``: new row max and sum, the rescale factor, and ``P`` (fp32).
+    ``mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)``: tiles from ``mask_from`` on are masked."""
+    mask_from, offs_m, seq_k, causal_shift, qk_scale = mask
     s = s * qk_scale
     if j >= mask_from:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -80,13 +82,87 @@ def _softmax_step(
 
 
 @gluon.jit
-def _consumer(
-    out, smem, bars, where, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+def _overlapped(
+    q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+    p_layout: gl.constexpr,
 ):  # fmt: skip
-    """One warpgroup's ``BLOCK_M`` query rows (half ``HALF`` of the program's tile) over all key tiles.
+    """The key loop with ``S_j = Q K_j^T`` issued before ``O += P_{j-1} V_{j-1}`` and the softmax of
+    ``S_j`` computed while that product runs."""
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ring
+    acc, row_max, row_sum = state
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(k_ready.index(0), 0)
+    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    p, row_max, row_sum, alpha = _softmax_step(s, row_max, row_sum, 0, mask, BLOCK_N, CAUSAL, s_layout)
+    p = gl.convert_layout(p.to(q.dtype), p_layout)
+    for j in range(1, n_kv):
+        slot = j % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)  # next scores, issued first
+        prev = (j - 1) % STAGES
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # the scores are done; P V may still run
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        p_next, row_max, row_sum, alpha = _softmax_step(
+            s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, s_layout
+        )
+        p_next = gl.convert_layout(p_next.to(q.dtype), p_layout)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))  # P's registers are free after this
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p = p_next
+    last = (n_kv - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_kv - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+    mbarrier.arrive(v_empty.index(last), count=1)
+    return acc, row_max, row_sum
 
-    ``out = (desc_o, LSE, o_smem)``, ``where = (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale)``."""
+
+@gluon.jit
+def _sequential(
+    q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+    p_layout: gl.constexpr,
+):  # fmt: skip
+    """The key loop without overlap inside the warpgroup (the ablation's baseline): scores, softmax, P V."""
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ring
+    acc, row_max, row_sum = state
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    for j in range(n_kv):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        p, row_max, row_sum, alpha = _softmax_step(s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, s_layout)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p = gl.convert_layout(p.to(q.dtype), p_layout)
+        mbarrier.wait(v_ready.index(slot), phase)
+        acc = warpgroup_mma(p, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+        mbarrier.arrive(v_empty.index(slot), count=1)
+    return acc, row_max, row_sum
+
+
+@gluon.jit
+def _consumer(
+    part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup's ``BLOCK_M`` query rows (part ``HALF`` of the program's tile) over all key tiles.
+
+    ``part = (out, smem, bars, where)`` with ``out = (desc_o, LSE, o_smem)`` and ``where = (b, bh, h, start_m,
+    n_kv, seq_q, seq_k, qk_scale)``."""
+    out, smem, bars, where = part
     desc_o, LSE, o_smem = out
     b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale = where
     q_smem, k_smem, v_smem = smem
@@ -96,63 +172,59 @@ def _consumer(
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    dtype: gl.constexpr = desc_o.dtype
 
     row0 = start_m + HALF * BLOCK_M
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     causal_shift = seq_k - seq_q
-    if CAUSAL:  # the first key tile that some row of this half cannot fully see
+    if CAUSAL:  # the first key tile that some row of this part cannot fully see
         mask_from = gl.minimum((row0 + causal_shift + 1) // BLOCK_N, seq_k // BLOCK_N)
     else:
         mask_from = seq_k // BLOCK_N
-    row_max = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    row_sum = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    state = (
+        gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout),
+        gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout)),
+        gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout)),
+    )
+    mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)
+    ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty)
     q = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_bar.index(HALF), 0)
-
-    # Prologue: the first score tile and its softmax.
-    mbarrier.wait(k_ready.index(0), 0)
-    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(0), count=1)
-    p, row_max, row_sum, alpha = _softmax_step(
-        s, row_max, row_sum, 0, mask_from, offs_m, seq_k, causal_shift, qk_scale, BLOCK_N, CAUSAL, s_layout
-    )
-    p = gl.convert_layout(p.to(dtype), p_layout)
-
-    for j in range(1, n_kv):
-        slot = j % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)  # next scores, issued first
-        prev = (j - 1) % STAGES
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        v = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
-        acc = warpgroup_mma(p, v, acc, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # the scores are done; P V may still run
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        p_next, row_max, row_sum, alpha = _softmax_step(
-            s, row_max, row_sum, j, mask_from, offs_m, seq_k, causal_shift, qk_scale, BLOCK_N, CAUSAL,
+    if OVERLAP:
+        acc, row_max, row_sum = _overlapped(
+            q,
+            ring,
+            state,
+            mask,
+            n_kv,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            STAGES,
+            CAUSAL,
             s_layout,
-        )  # fmt: skip
-        p_next = gl.convert_layout(p_next.to(dtype), p_layout)
-        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-        mbarrier.arrive(v_empty.index(prev), count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p = p_next
-
-    last = (n_kv - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_kv - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-    mbarrier.arrive(v_empty.index(last), count=1)
+            o_layout,
+            p_layout,
+        )
+    else:
+        acc, row_max, row_sum = _sequential(
+            q,
+            ring,
+            state,
+            mask,
+            n_kv,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            STAGES,
+            CAUSAL,
+            s_layout,
+            o_layout,
+            p_layout,
+        )
 
     o = acc / gl.convert_layout(row_sum, gl.SliceLayout(1, o_layout))[:, None]
     o_tile = o_smem.index(HALF)
-    o_tile.reshape([BLOCK_M, HEAD_DIM]).store(o.to(dtype))
+    o_tile.reshape([BLOCK_M, HEAD_DIM]).store(o.to(desc_o.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(desc_o, [b, h, row0, 0], o_tile)
     lse = (row_max + gl.log2(row_sum)) * LN2
@@ -162,60 +234,73 @@ def _consumer(
 
 @gluon.jit
 def _consumer_worker(
-    out, smem, bars, where, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
-    """The second consumer warpgroup: the program's upper half of query rows."""
-    _consumer(out, smem, bars, where, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)
+    """The second consumer warpgroup: the program's upper ``BLOCK_M`` query rows."""
+    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)
 
 
 @gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
 def gluon_fwd_kernel(
     desc_q, desc_k, desc_v, desc_o, LSE, n_heads, group, seq_q, seq_k, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
-    """Program ``w``: query tile ``2 * BLOCK_M`` rows, heaviest (last) first within each (batch, head)."""
-    n_tiles = gl.cdiv(seq_q, 2 * BLOCK_M)
+    """Program ``w``: ``CONSUMERS * BLOCK_M`` query rows (one consumer warpgroup each, 1 or 2), heaviest
+    (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a warpgroup."""
+    ROWS: gl.constexpr = CONSUMERS * BLOCK_M
+    n_tiles = gl.cdiv(seq_q, ROWS)
     w = gl.program_id(0)
     bh = w // n_tiles
-    start_m = (n_tiles - 1 - w % n_tiles) * 2 * BLOCK_M
+    start_m = (n_tiles - 1 - w % n_tiles) * ROWS
     h = bh % n_heads
     hk = h // group
     b = bh // n_heads
     if CAUSAL:
-        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + 2 * BLOCK_M + seq_k - seq_q), BLOCK_N)
+        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + seq_k - seq_q), BLOCK_N)
     else:
         n_kv = gl.cdiv(seq_k, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
-    o_smem = gl.allocate_shared_memory(desc_o.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], desc_o.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
+    o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_o.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bar.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumers release each slot
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases each slot
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
     smem = (q_smem, k_smem, v_smem)
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty)
-    out = (desc_o, LSE, o_smem)
-    where = (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale)
-    loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv, BLOCK_M, BLOCK_N, STAGES)
-    gl.warp_specialize(
-        [
-            (_consumer, (out, smem, bars, where, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-            (_consumer_worker, (out, smem, bars, where, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-            (_load_partition, loads),
-        ],
-        [4, 1],  # warps of the second consumer and of the loader
-        [240, 24],  # their registers; the default partition (first consumer) gets the rest, also 240
-    )
+    part = ((desc_o, LSE, o_smem), smem, bars, (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale))
+    loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)
+    # workers: the second consumer (4 warps, 240 registers) and the loader (1 warp, 24 registers); the default
+    # partition (the first consumer) gets the rest of maxnreg's budget, also 240 with two consumers
+    if CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+            ],
+            [4, 1],
+            [240, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+            ],
+            [1],
+            [24],
+        )

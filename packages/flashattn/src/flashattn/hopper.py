@@ -49,20 +49,43 @@ class HopperTile(NamedTuple):
     warp_spec: bool = False
 
 
+class GluonTile(NamedTuple):
+    """Launch shape of the Gluon forward: ``consumers`` warpgroups (1 or 2) of ``block_m`` query rows each
+    share ``block_n``-key K/V tiles held in ``stages`` shared-memory slots; ``overlap`` pipelines each
+    warpgroup's key loop (the next ``Q K^T`` issued before the current softmax)."""
+
+    block_m: int = 64
+    block_n: int = 128
+    stages: int = 2
+    consumers: int = 2
+    overlap: bool = True
+
+    def maxnreg(self) -> int:
+        """Registers per thread at entry: the SM's 65 536 over every warp (the loader warp rounds up to a
+        warpgroup), a multiple of 8; the partitions then move registers from the loader to the consumers."""
+        return 65536 // (32 * 4 * (self.consumers + 1)) // 8 * 8
+
+
 class HopperConfigs(NamedTuple):
-    """One :class:`HopperTile` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``."""
+    """One :class:`HopperTile` per Triton-language kernel (``dkdv`` programs own ``block_n`` keys, the others
+    ``block_m``) and the Gluon forward's :class:`GluonTile`."""
 
     forward: HopperTile
     dkdv: HopperTile
     dq: HopperTile
+    gluon: GluonTile = GluonTile()
 
 
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
 # at (1, 32, S, 128), S = 8192 and 32768 (docs/flashattn.md, Hopper section); d 64 follows d 128's reasoning.
+# Gluon: two 64-row consumers and 128-key tiles; at d 128 two K/V slots fill 197 KB of the 227 KB of shared
+# memory (a third would not fit), at d 64 three take 132 KB.
 _CONFIGS: dict[int, HopperConfigs] = {
-    128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
-    64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
-}
+    128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
+                       GluonTile(stages=2)),
+    64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
+                      GluonTile(stages=3)),
+}  # fmt: skip
 _pinned: HopperConfigs | None = None
 
 
@@ -193,13 +216,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, T
     return o, lse
 
 
-# The Gluon forward's launch shape per head dim: two consumer warpgroups of 64 query rows each (128 per
-# program), 128-key tiles, K/V slots in shared memory (d 128: 197 KB of the 227 KB with 2 slots).
-GLUON_STAGES = {128: 2, 64: 3}
-GLUON_MAXNREG = 168  # 12 warps x 32 threads x 168 = 64 512 of the SM's 65 536 registers at entry
-
-
-def _gluon_desc(t: Tensor, rows: int):
+def gluon_descriptor(t: Tensor, rows: int):
+    """A Gluon TMA descriptor of ``t (B, H, S, d)`` with ``(1, 1, rows, d)`` blocks in the default swizzle."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
@@ -223,12 +241,13 @@ def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Ten
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     o = torch.empty_like(q)  # q's layout, e.g. the (B, S, H, d) storage of attention layers
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
-    block_m, block_n = 64, 128
-    gluon_fwd_kernel[(triton.cdiv(seq_q, 2 * block_m) * batch * heads,)](
-        _gluon_desc(q, block_m), _gluon_desc(k, block_n), _gluon_desc(v, block_n), _gluon_desc(o, block_m),
-        lse, heads, heads // heads_k, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=GLUON_STAGES[head_dim], CAUSAL=is_causal,
-        num_warps=4, maxnreg=GLUON_MAXNREG,
+    t = configs_for(head_dim).gluon
+    gluon_fwd_kernel[(triton.cdiv(seq_q, t.consumers * t.block_m) * batch * heads,)](
+        gluon_descriptor(q, t.block_m), gluon_descriptor(k, t.block_n), gluon_descriptor(v, t.block_n),
+        gluon_descriptor(o, t.block_m), lse, heads, heads // heads_k, seq_q, seq_k,
+        LOG2E / math.sqrt(head_dim),
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.stages, CAUSAL=is_causal,
+        CONSUMERS=t.consumers, OVERLAP=t.overlap, num_warps=4, maxnreg=t.maxnreg(),
     )  # fmt: skip
     return o, lse
 
