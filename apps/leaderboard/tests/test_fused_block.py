@@ -252,3 +252,46 @@ def test_fused_model_matches_the_reference_model():
     assert_relative_error(results[1][0], results[0][0], bound=1e-5, floor=1.0, name="logits")
     for (name, _), got, want in zip(reference.named_parameters(), results[1][1], results[0][1], strict=True):
         assert_relative_error(got, want, bound=1e-4, floor=1e-3, name=f"grad {name}")
+
+
+def saved_bytes(block, x):
+    """Bytes the forward keeps for backward (CUDA allocator), the output not counted."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = block(x, torch.arange(x.shape[-2], device=x.device))
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated() - before - out.nbytes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cudnn", "flash"])
+def test_fused_block_on_cuda_matches_and_keeps_one_tensor_less(backend):
+    """With SDPA's cuDNN / flash kernels in bf16: the fused block (ln1 compiled, as in the step) within the
+    error budget of the compiled unfused block against float64, and its forward keeps at least one
+    (tokens, d_model) tensor less (the attention output is used in place, not copied)."""
+    from leaderboard.attention import sdpa
+
+    torch.manual_seed(5)
+    tokens, d_model, heads, d_ff = 1000, 512, 4, 1376
+    device, attention = torch.device("cuda"), sdpa(backend)
+    rope = RotaryEmbedding(10000.0, d_model // heads, tokens)
+    blocks = {}
+    for name in ("unfused", "fused", "exact"):
+        dtype = torch.float64 if name == "exact" else torch.bfloat16
+        blocks[name] = TransformerBlock(d_model, heads, d_ff, rope, None if name == "exact" else attention,
+                                        device, dtype)  # fmt: skip
+        if name != "unfused":
+            blocks[name].load_state_dict(blocks["unfused"].state_dict())
+    fuse_block(blocks["fused"])
+    for module in (blocks["unfused"].ln1, blocks["unfused"].ln2, blocks["unfused"].ffn, blocks["fused"].ln1):
+        module.compile()
+    x, upstream = (torch.randn(1, tokens, d_model, device=device) for _ in range(2))
+    results = {name: block_outputs(block, x.to(next(block.parameters()).dtype),
+                                   upstream.to(next(block.parameters()).dtype))
+               for name, block in blocks.items()}  # fmt: skip
+    for name, value in results["fused"].items():
+        assert_error_budget(value, results["unfused"][name], results["exact"][name], floor=1.0,
+                            slack=BF16_SLACK, name=name)  # fmt: skip
+    x16 = x.bfloat16().requires_grad_()
+    kept = {name: saved_bytes(blocks[name], x16) for name in ("unfused", "fused")}
+    assert kept["unfused"] - kept["fused"] >= 0.9 * x16.nbytes, kept
