@@ -10,7 +10,8 @@ on one sequence; the variants take turns step by step (in alternating order), so
 falls on all of them alike; the table gives each one's median, its ratio to ``unfused`` and the time it
 saves, beside the saving predicted from the bytes of the passes it removes (``PREDICTED_PASSES``, at
 ``--bandwidth``). ``saved_mib``: what the forward keeps for backward (CUDA allocator; the block's input
-and output not counted). Writes ``fusions.csv`` / ``.md`` / ``.json`` into ``--out``.
+and output not counted). ``--recompute ffn`` puts every variant's SwiGLU in the checkpoint wrapper, as the
+8B step's plan does for most blocks. Writes ``fusions.csv`` / ``.md`` / ``.json`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def parse_args(argv=None):
                    help="SDPA backend; auto: cudnn on CUDA, math on a CPU")  # fmt: skip
     p.add_argument("--bandwidth", type=cli.positive_float, default=4.3,
                    help="TB/s for the predicted savings (H200 device-to-device copy)")  # fmt: skip
+    p.add_argument("--recompute", choices=("none", "ffn"), default="none",
+                   help="ffn: recompute the SwiGLU in backward (checkpoint wrapper)")  # fmt: skip
     cli.add_steps(p, steps=10, warmup=2)
     cli.add_device(p)
     cli.add_out(p, "results/fusions")
@@ -56,6 +59,7 @@ def build_variants(args, device, dtype) -> dict:
 
     from .attention import sdpa
     from .fused_block import fuse_block
+    from .sharding import recomputed
 
     backend = args.attention if args.attention != "auto" else ("cudnn" if device.type == "cuda" else "math")
     attention = sdpa(backend)
@@ -73,6 +77,8 @@ def build_variants(args, device, dtype) -> dict:
         unfused += [] if "rope" in fusions else [rope]
         for module in unfused:  # as optimized.compile_block_regions: one region per unfused module
             module.compile()
+        if args.recompute == "ffn":
+            block.ffn = recomputed(block.ffn)
         blocks[name] = block
     return blocks
 
