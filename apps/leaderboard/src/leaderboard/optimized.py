@@ -4,7 +4,9 @@ Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed orde
 1. attention slot: the fastest kernel measured at the real shape (``flashattn``'s Triton kernel or
    SDPA cuDNN / flash; ``attention.choose_attention``);
 2. ``torch.compile`` of the RMSNorm, RoPE and SwiGLU forwards, one graph each, shared by every block
-   (bounded compile time; the attention kernel and the FSDP hooks stay outside the graphs);
+   (bounded compile time; the attention kernel and the FSDP hooks stay outside the graphs); with
+   ``fused_block``, the fused forwards of ``fused_block`` instead (residual add + RMSNorm, RoPE of q and k
+   in the projections' layout, SwiGLU with its input gradient summed in place), only ``ln1`` compiled apart;
 3. activation checkpointing only where memory demands it (``checkpoint_plan``: the SwiGLU of some
    blocks, whole blocks only if that is not enough; or the recipe's fixed counts);
 4. sharding: torch FSDP2 ``fully_shard`` per block and root, or our ``parallel.FSDP`` (flat fp32 shards
@@ -27,6 +29,7 @@ from .attention import choose_attention
 from .baseline import ChunkedLossLM
 from .checkpoint_plan import CheckpointPlan, auto_plan
 from .fused_adamw import TritonAdamW
+from .fused_block import fuse_block
 from .fused_cross_entropy import linear_cross_entropy
 from .recipes import Recipe
 from .sharding import clip_grad_norm, fsdp2_accessors, fsdp2_shard_bytes, materialize, shard_fsdp2
@@ -66,17 +69,26 @@ class FusedLossLM(nn.Module):
         return self.lm.lm_head(self.lm.hidden_states(tokens), targets)
 
 
-def compile_block_regions(block: TransformerBlock) -> None:
+def compile_block_regions(block: TransformerBlock, fused: bool = False) -> None:
     """Compile a block's two RMSNorms and its SwiGLU (``nn.Module.compile``; Dynamo caches per forward
-    code object, so every block shares the graphs; the attention kernel and RoPE are compiled apart)."""
-    for module in (block.ln1, block.ln2, block.ffn):
+    code object, so every block shares the graphs; the attention kernel and RoPE are compiled apart).
+    ``fused``: ``fuse_block`` was applied, whose pieces are compiled regions already; only ``ln1`` is left."""
+    for module in (block.ln1,) if fused else (block.ln1, block.ln2, block.ffn):
         module.compile()
+
+
+def prepare_block(recipe: Recipe, block: TransformerBlock) -> None:
+    """The recipe's fusions and compiled regions of one block (the RoPE module, shared, is compiled apart)."""
+    if recipe.fused_block:
+        fuse_block(block)
+    if recipe.compile_regions:
+        compile_block_regions(block, recipe.fused_block)
 
 
 def _prepare_probe(recipe: Recipe):
     def prepare(block: TransformerBlock) -> None:
-        if recipe.compile_regions:
-            compile_block_regions(block)
+        prepare_block(recipe, block)
+        if recipe.compile_regions and not recipe.fused_block:
             block.attn.rope.compile()
 
     return prepare
@@ -117,10 +129,11 @@ def build_optimized(
         if recipe.fused_loss
         else ChunkedLossLM(lm, recipe.loss_chunk_tokens)
     )
+    for block in lm.layers:
+        prepare_block(recipe, block)
     if recipe.compile_regions:
-        for block in lm.layers:
-            compile_block_regions(block)
-        lm.layers[0].attn.rope.compile()  # one RotaryEmbedding shared by every block
+        if not recipe.fused_block:
+            lm.layers[0].attn.rope.compile()  # one RotaryEmbedding shared by every block
         lm.ln_final.compile()
     if recipe.sharding == "ours":
         from parallel import FSDP
@@ -178,6 +191,7 @@ def build_optimized(
         "sharding": SHARDING_NAMES[recipe.sharding],
         **attention_info,
         "compiled_regions": recipe.compile_regions,
+        "fused_block": recipe.fused_block,
         "checkpointed_blocks": plan.block,
         "ffn_checkpointed_blocks": plan.ffn,
         **checkpoint_info,

@@ -45,6 +45,7 @@ class Recipe:
     checkpoint_ffn: int = 0  # with checkpoint_blocks >= 0: the next blocks recompute only their SwiGLU
     memory_headroom_gib: float = 10.0  # left free when planning checkpointing automatically
     compile_regions: bool = True  # torch.compile RMSNorm, RoPE and SwiGLU, one region each
+    fused_block: bool = True  # residual add + RMSNorm, RoPE of q and k, SwiGLU fused (``fused_block``)
     attention: str = "auto"  # "auto" (fastest measured), "flashattn", "cudnn", "flash", "efficient", "math"
     fused_loss: bool = True  # fused LM head + cross-entropy; False: chunked F.cross_entropy as the baseline
     optimizer: str = "auto"  # "auto" (Triton on CUDA, torch elsewhere), "triton", "torch"
@@ -141,6 +142,7 @@ RECIPES: dict[str, Recipe] = {
         loss_chunk_tokens=97,
         memory_headroom_gib=0.0,
         compile_regions=False,
+        fused_block=False,
     ),
 }
 
@@ -184,6 +186,7 @@ def ablation_steps(recipe: Recipe, device_type: str) -> list[tuple[str, bool, di
         "attention": attention,
         "fused_loss": True,
         "compile_regions": False,
+        "fused_block": False,
         "optimizer": "torch",
         "checkpoint_blocks": recipe.model_config().num_layers,
     }
@@ -191,6 +194,8 @@ def ablation_steps(recipe: Recipe, device_type: str) -> list[tuple[str, bool, di
     rows.append(("+ fused LM head + cross-entropy", False, dict(step)))
     step["compile_regions"] = True
     rows.append(("+ torch.compile of RMSNorm, RoPE, SwiGLU", False, dict(step)))
+    step["fused_block"] = True
+    rows.append(("+ fused residual add + RMSNorm, RoPE of q and k, SwiGLU backward", False, dict(step)))
     step["checkpoint_blocks"] = -1
     rows.append(("+ recompute only what memory needs (SwiGLUs first, then whole blocks)", False, dict(step)))
     step["optimizer"] = "auto"  # Triton on CUDA; torch where Triton cannot run

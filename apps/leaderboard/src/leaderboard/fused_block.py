@@ -1,0 +1,61 @@
+"""Fewer passes over activations in a ``cs336_basics.TransformerBlock``, by replacing forwards in place.
+
+Three independent fusions (``FUSIONS``), each swapping one module's ``forward`` for one that computes the
+same function through this app's fused pieces; the module tree and the parameter names stay as they are,
+so checkpoint wrappers, both sharding wrappers and state dicts see the reference model:
+
+- ``rope``: the attention's forward rotates q and k in one region that keeps the projections' layout
+  (``fused_rope``), so the attention output and the gradients of q, k and the output need no copies;
+- ``norm``: the block's forward adds the attention's output to the residual and applies ``ln2`` in one
+  region returning both (``fused_norm``);
+- ``swiglu``: the feed-forward's forward is ``fused_swiglu.swiglu`` on its three weights.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from cs336_basics import CausalMultiHeadSelfAttention, SwiGLU, TransformerBlock
+from torch import Tensor
+
+from .fused_norm import add_rmsnorm
+from .fused_rope import rope_qk
+from .fused_swiglu import swiglu
+
+FUSIONS = ("rope", "norm", "swiglu")
+
+
+def _attention_forward(self: CausalMultiHeadSelfAttention, x: Tensor, token_positions: Tensor | None = None):
+    q, k, v = (self._split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+    if self.rope is not None:
+        if token_positions is None:
+            token_positions = torch.arange(x.shape[-2], device=x.device)
+        q, k = rope_qk(q, k, token_positions, self.rope.theta)
+    out = self.attention_fn(q, k, v, True)
+    return self.output_proj(out.transpose(-3, -2).flatten(-2))
+
+
+def _block_forward(self: TransformerBlock, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+    normed, x = add_rmsnorm(x, self.attn(self.ln1(x), token_positions), self.ln2.weight, self.ln2.eps)
+    return x + self.ffn(normed)
+
+
+def _swiglu_forward(self: SwiGLU, x: Tensor) -> Tensor:
+    return swiglu(x, self.w1.weight, self.w3.weight, self.w2.weight)
+
+
+def fuse_block(block: TransformerBlock, fusions: tuple[str, ...] = FUSIONS) -> None:
+    """Apply ``fusions`` (a subset of ``FUSIONS``) to ``block`` in place; call before wrapping its modules
+    (checkpointing, sharding). The RMSNorm ``ln1`` is left as it is (compile it as a region of its own)."""
+    unknown = set(fusions) - set(FUSIONS)
+    if unknown:
+        raise ValueError(f"fusions must be among {FUSIONS}, got {sorted(unknown)}")
+    if not isinstance(block, TransformerBlock):
+        raise TypeError(f"block must be a cs336_basics TransformerBlock, got {type(block).__name__}")
+    if "rope" in fusions:
+        block.attn.forward = types.MethodType(_attention_forward, block.attn)
+    if "norm" in fusions:
+        block.forward = types.MethodType(_block_forward, block)
+    if "swiglu" in fusions:
+        block.ffn.forward = types.MethodType(_swiglu_forward, block.ffn)
