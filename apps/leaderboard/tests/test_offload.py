@@ -107,26 +107,31 @@ def test_offload_beside_recomputation_and_bad_indices():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_offload_frees_device_memory_and_keeps_gradients():
-    """On a GPU: the offloaded blocks' activations leave the device during forward, and the gradients
-    match those without offload (same kernels, same order: equal to the last bit)."""
+    """On a GPU: the offloaded blocks' activations leave the device during forward, the gradients match
+    those without offload (same kernels in the same order), and nothing stays allocated afterwards."""
     torch.manual_seed(0)
     cfg = get_preset("tiny").with_(d_model=512, d_ff=1376, num_heads=8, num_layers=6)
     model = build_model(cfg, device="cuda")
-    tokens = torch.randint(0, cfg.vocab_size, (2, 2048), device="cuda")
+    tokens = torch.randint(0, cfg.vocab_size, (2, 1999), device="cuda")
 
-    def forward_memory_and_grads():
+    def held_after_forward_and_grads():
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         loss = model(tokens).float().square().mean()
         torch.cuda.synchronize()
+        torch.empty(1, device="cuda")  # lets the allocator retire blocks whose side-stream copies are done
         held = torch.cuda.memory_allocated() - before
-        return held, torch.autograd.grad(loss, list(model.parameters()))
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        torch.cuda.synchronize()
+        return held, grads, torch.cuda.memory_allocated() - before
 
-    held_plain, want = forward_memory_and_grads()
+    held_plain, want, _ = held_after_forward_and_grads()
     offloader = ActivationOffload(model.layers, [0, 2, 4])
-    forward_memory_and_grads()  # first use pins the host buffers
-    held_offload, got = forward_memory_and_grads()
+    held_after_forward_and_grads()  # the first use pins the host buffers
+    held_offload, got, left = held_after_forward_and_grads()
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        torch.testing.assert_close(g, w)
+    assert offloader.bytes_offloaded > 0.3 * held_plain
     assert held_offload < held_plain - 0.8 * offloader.bytes_offloaded
-    assert offloader.bytes_offloaded > 0.4 * held_plain
+    grad_bytes = sum(g.numel() * g.element_size() for g in got)
+    assert left <= grad_bytes + (1 << 20)  # only the gradients outlive the step

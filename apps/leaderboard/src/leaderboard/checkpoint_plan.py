@@ -32,7 +32,6 @@ block); allocator fragmentation is left to the headroom. ``repeat`` > 1 plans bl
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -238,9 +237,12 @@ def measure_block_costs(
     return BlockCosts(input_bytes, kept, ffn, block_seconds, ffn_seconds)
 
 
-def measure_host_link(device: torch.device, nbytes: int = 256 << 20, reps: int = 3) -> HostLink:
-    """Pinned D2H and H2D copy rates of ``nbytes`` (fastest of ``reps``), and half the host memory
-    available now, shared among this node's ranks, for pinned buffers."""
+def measure_host_link(
+    device: torch.device, host_bytes: int, nbytes: int = 256 << 20, reps: int = 3
+) -> HostLink:
+    """Pinned D2H and H2D copy rates of ``nbytes`` (fastest of ``reps`` after one untimed copy each), with
+    ``host_bytes`` of host memory allowed for pinned buffers (a planner input: the GPU machines' memory
+    grows as it is used, so what the system reports free at start-up understates it)."""
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     rates = []
@@ -254,9 +256,7 @@ def measure_host_link(device: torch.device, nbytes: int = 256 << 20, reps: int =
             stop.synchronize()
             times.append(start.elapsed_time(stop) / 1e3)
         rates.append(nbytes / min(times[1:]))
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return HostLink(rates[0], rates[1], available // 2 // ranks_here)
+    return HostLink(rates[0], rates[1], host_bytes)
 
 
 def available_bytes(device: torch.device) -> int:
@@ -279,15 +279,16 @@ def auto_plan(
     shard_bytes: int,
     headroom_gib: float,
     prepare: Callable[[TransformerBlock], None],
-    offload: bool = False,
+    offload_host_gib: float = 0.0,
     proxy: RankProxy | None = None,
 ) -> tuple[CheckpointPlan, dict, int]:
-    """Measure, then plan; the plan, what it was computed from (GiB, ms, GB/s), and the bytes a
+    """Measure, then plan (with the offload tier when ``offload_host_gib`` of pinned host memory are
+    allowed); the plan, what it was computed from (GiB, ms, GB/s), and the bytes a
     single-GPU ``proxy`` must hold back so that its step meets the memory of the rank it stands for
     (0 without a proxy). With a proxy the planner plans that rank: its fp32 shard, its free memory, every
     planned block standing for ``proxy.ranks`` blocks."""
     costs = measure_block_costs(cfg, batch, attention, dtype, device, prepare)
-    link = measure_host_link(device) if offload else None
+    link = measure_host_link(device, int(offload_host_gib * GIB)) if offload_host_gib > 0 else None
     available, repeat = available_bytes(device), 1
     if proxy is not None:
         available += shard_bytes - proxy.rank_shard_bytes  # the rank holds its shard where we hold ours

@@ -97,9 +97,10 @@ def checkpoint_plan(
         return plan, {"checkpoint_rule": "fixed by recipe"}, 0
     if device.type != "cuda":
         return CheckpointPlan(0, 0, cfg.num_layers), {"checkpoint_rule": "auto on a CPU: none"}, 0
+    host_gib = recipe.offload_host_gib if recipe.offload_blocks == -1 else 0.0  # 0: no offload tier
     plan, info, held_back = auto_plan(
         cfg, batch, attention, dtype, device, shard_bytes, recipe.memory_headroom_gib, _prepare_probe(recipe),
-        offload=recipe.offload_blocks == -1, proxy=recipe.proxy(),
+        offload_host_gib=host_gib, proxy=recipe.proxy(),
     )  # fmt: skip
     return plan, {"checkpoint_rule": "auto", **info}, held_back
 

@@ -62,6 +62,7 @@ class Recipe:
     # pinned host memory where that costs less than recomputing; N > 0 with fixed checkpoint counts
     # offloads N of the blocks that are not recomputed
     offload_blocks: int = 0
+    offload_host_gib: float = 48.0  # pinned host memory the planner may fill per rank (a proxy: as its rank)
     proxy_ranks: int = 1  # N > 1: a one-GPU proxy of one rank of the preset's N-rank step (proxy.py)
     # training on a token file (train.py --data); the timing benchmark ignores these
     min_learning_rate: float = 0.0  # the cosine schedule decays from learning_rate to this at ``steps``
@@ -146,6 +147,8 @@ class Recipe:
             raise ValueError(
                 f"offload_blocks={self.offload_blocks} needs fixed checkpoint counts (checkpoint_blocks >= 0)"
             )
+        if not self.offload_host_gib >= 0:
+            raise ValueError(f"offload_host_gib must be >= 0, got {self.offload_host_gib}")
         if self.proxy_ranks < 1:
             raise ValueError(f"proxy_ranks must be >= 1, got {self.proxy_ranks}")
         if self.proxy_ranks > 1:
