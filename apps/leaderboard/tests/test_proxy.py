@@ -83,3 +83,22 @@ def test_a_proxy_plans_like_the_rank_it_stands_for():
     proxy_memory = 3 * proxy.proxy_shard_bytes + d + held
     assert held > 0 and proxy_memory == rank_memory
     assert device_saved_bytes(CheckpointPlan(0, 0, 17), costs) == 17 * (costs.input_bytes + costs.kept_bytes)
+
+
+def test_a_proxy_of_tiny_runs_end_to_end_with_an_offloaded_block(tmp_path, capsys):
+    """``train.py`` on a proxy of ``tiny`` (one of its 2 blocks, one process, one block offloaded): the
+    result is labelled as a proxy's and records the proxy's model and plan."""
+    import json
+
+    from leaderboard import cli
+
+    out = tmp_path / "run.json"
+    argv = ["--preset", "tiny", "--steps", "2", "--warmup", "0", "--json", str(out)]
+    for item in ("proxy_ranks=2", "batch_size=1", "checkpoint_blocks=0", "offload_blocks=1"):
+        argv += ["--set", item]
+    assert cli.main(argv) == 0
+    assert "single-GPU proxy of one rank of the 2-rank tiny step" in capsys.readouterr().out
+    result = json.loads(out.read_text())["result"]
+    assert result["world_size"] == 1 and result["model"]["num_layers"] == 1
+    assert result["info"]["offloaded_blocks"] == 1
+    assert all(step["loss"] > 0 for step in result["steps"])
