@@ -306,7 +306,6 @@ def auto_plan(
     }
     if link is not None:
         info |= {
-            "offloaded_blocks": plan.offload,
             "host_link_gbps": [link.d2h_bytes_per_s / 1e9, link.h2d_bytes_per_s / 1e9],
             "pinned_host_gib_allowed": link.host_bytes / GIB,
             "offload_exposed_ms_planned": 1e3

@@ -84,7 +84,7 @@ def _prepare_probe(recipe: Recipe):
 
 def checkpoint_plan(
     recipe: Recipe, shard_bytes: int, attention, batch: int, device: torch.device, dtype: torch.dtype
-) -> tuple[CheckpointPlan, dict]:
+) -> tuple[CheckpointPlan, dict, int]:
     """The recipe's fixed tier counts, or (``checkpoint_blocks == -1`` on CUDA) the cheapest plan that fits
     the measured memory with this rank's ``shard_bytes`` of fp32 parameters (a proxy recipe: planned as the
     rank it stands for); also the bytes a proxy must hold back (0 otherwise)."""
