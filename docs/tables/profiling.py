@@ -15,9 +15,10 @@ RUN_F = [DATA + "profiling-bench-10B-fp32-fwdbwd-2026-12-01.csv"]
 
 def later_cells() -> pd.DataFrame:
     """The 5 + 10 cells of runs E and F (``run``), which replace run A's shorter ones."""
-    return pd.concat(
-        [pd.concat([read_csv(p) for p in paths]).assign(run=name) for name, paths in (("E", RUN_E), ("F", RUN_F))]
-    )
+    runs = (("E", RUN_E), ("F", RUN_F))
+    return pd.concat([pd.concat([read_csv(p) for p in paths]).assign(run=name) for name, paths in runs])
+
+
 SIZES = ("small", "medium", "large", "xl", "10B")
 MODES = ("forward", "forward-backward", "train")
 
