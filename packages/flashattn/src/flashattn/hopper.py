@@ -6,10 +6,13 @@ needs ``seq_q <= seq_k``, bottom-right aligned), any lengths >= 1, and GQA (``k,
 portable kernel of :mod:`flashattn.triton_flash`, whose saved ``lse`` (fp32 ``(batch, heads, seq_q)``, natural
 log) this path reads and writes unchanged, so either backward can follow either forward.
 
-Deterministic: no atomics, every output element written by one program in a fixed order. One compiled kernel
-per (head dim, dtype, causal, tile config) serves every length and head count. The kernels themselves are in
-:mod:`flashattn.hopper_fwd` and :mod:`flashattn.hopper_bwd`; they also run under ``TRITON_INTERPRET=1``
-(fp16 only) for the CPU tests, though :func:`unsupported_reason` sends interpreted calls to the portable path.
+Launchers: :func:`forward` and :func:`backward` (Triton-language kernels of :mod:`flashattn.hopper_fwd` and
+:mod:`flashattn.hopper_bwd`; they also run under ``TRITON_INTERPRET=1``, fp16 only, for the CPU tests, though
+:func:`unsupported_reason` sends interpreted calls to the portable path) and :func:`gluon_forward` (the
+warp-specialised kernel of :mod:`flashattn.gluon_fwd`, GPU only). Which of them the public names run is
+:func:`flashattn.dispatch.triton_kernels`'s choice. Deterministic: no atomics, every output element written by
+one program in a fixed order. One compiled kernel per (head dim, dtype, causal, tile config) serves every
+length and head count.
 """
 
 import contextlib

@@ -3,8 +3,9 @@
 Each variant takes seconds to compile and one process compiles one at a time; worker processes fill Triton's
 on-disk cache (``TRITON_CACHE_DIR``) side by side, so the benchmarks and tests that follow only load kernels.
 Lengths, head counts and window sizes are not specialised on, so one tiny run per variant covers them all.
-Where the sm90 kernels of :mod:`flashattn.hopper` cover a variant, both the Hopper and the portable forward
-and backward are built (the public path runs one of each; ``flashattn.bench`` times all four).
+Where the sm90 kernels of :mod:`flashattn.hopper` cover a variant, the Gluon forward and the Hopper and
+portable forwards and backwards are all built (:data:`SM90_KERNEL_SETS`: what the public path and the
+benchmark's columns run).
 ``--suite`` adds the variants of the GPU tests and of ``flashattn.bench``'s feature table.
 
 Usage: ``python -m flashattn.precompile --head-dims 64 128 --dtypes bf16 fp32 --jobs 12``.
