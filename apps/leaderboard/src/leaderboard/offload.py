@@ -11,9 +11,9 @@ Synchronization (CUDA; one D2H and one H2D side stream per device):
   written), copies every saved tensor into pinned memory and records ``copied``; each device tensor is
   marked ``record_stream(d2h)`` before it is dropped, so the allocator reuses its memory only after the
   copy has read it;
-- start of the next offloaded block's forward: the compute stream waits for the previous group's
-  ``copied``; at most one group is in flight, and a link slower than compute shows up as a stall (the
-  planner counts it) instead of a growing pile of device memory;
+- end of the next offloaded block's forward: the compute stream waits for the previous group's
+  ``copied`` before going on; at most two groups are on the device, and a link slower than compute
+  shows up as a stall (the planner counts it) instead of a growing pile of device memory;
 - backward: an identity on the output of block ``t`` runs first in ``t``'s backward and starts the fetch
   of the group whose turn comes next (``t`` is the next offloaded block, or the last block for the last
   group): the buffers are allocated on the compute stream, the H2D stream waits for the compute stream
@@ -137,9 +137,6 @@ class ActivationOffload:
             group.saved.clear()
             group.copied = group.fetched = group.device = None
             group.fetch_started = False
-            previous = self.groups[position - 1] if position else None
-            if previous is not None and previous.copied is not None:
-                torch.cuda.current_stream(previous.device).wait_event(previous.copied)
             self._active = group
             self._hooks_context = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self._hooks_context.__enter__()
@@ -153,6 +150,9 @@ class ActivationOffload:
                 return output
             self._hooks_context.__exit__(None, None, None)
             self._active = self._hooks_context = None
+            previous = self.groups[position - 1] if position else None
+            if previous is not None and previous.copied is not None:  # at most two groups on the device
+                torch.cuda.current_stream(previous.device).wait_event(previous.copied)
             self._offload(group)
             return output
 
