@@ -110,7 +110,7 @@ def test_cuda_offload_frees_device_memory_and_keeps_gradients():
     """On a GPU: the offloaded blocks' activations leave the device during forward, the gradients match
     those without offload (same kernels in the same order), and nothing stays allocated afterwards."""
     torch.manual_seed(0)
-    cfg = get_preset("tiny").with_(d_model=512, d_ff=1376, num_heads=8, num_layers=6)
+    cfg = get_preset("tiny").with_(d_model=512, d_ff=1376, num_heads=8, num_layers=6, context_length=2048)
     model = build_model(cfg, device="cuda")
     tokens = torch.randint(0, cfg.vocab_size, (2, 1999), device="cuda")
 
