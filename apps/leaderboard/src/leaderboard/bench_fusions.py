@@ -25,9 +25,9 @@ VARIANTS = {"unfused": (), "+ rope": ("rope",), "+ norm": ("norm",), "+ swiglu":
             "all fused": ("rope", "norm", "swiglu")}  # fmt: skip
 # (forward, backward) passes over one (tokens, d_model) tensor that each fusion removes per block, with
 # cuDNN attention: rope: the copy of the attention output to (tokens, d_model) / the copies of the q, k
-# and output gradients; norm: one read of the sum / the residual-gradient sum (read 2, write 1, less the
-# one extra read); swiglu: the sum of the two input-gradient matmuls (written and read once fewer).
-PREDICTED_PASSES = {"rope": (2, 6), "norm": (1, 2), "swiglu": (0, 2)}
+# and output gradients; norm: one read of the sum / the two residual-gradient sums (each read 2, write 1,
+# less the one extra read); swiglu: the sum of the two input-gradient matmuls (written and read once fewer).
+PREDICTED_PASSES = {"rope": (2, 6), "norm": (1, 4), "swiglu": (0, 2)}
 
 
 def parse_args(argv=None):
@@ -71,8 +71,7 @@ def build_variants(args, device, dtype) -> dict:
         state = state or block.state_dict()
         block.load_state_dict(state)
         fuse_block(block, fusions)
-        unfused = [block.ln1]
-        unfused += [] if "norm" in fusions else [block.ln2]
+        unfused = [] if "norm" in fusions else [block.ln1, block.ln2]
         unfused += [] if "swiglu" in fusions else [block.ffn]
         unfused += [] if "rope" in fusions else [rope]
         for module in unfused:  # as optimized.compile_block_regions: one region per unfused module

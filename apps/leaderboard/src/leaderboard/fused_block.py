@@ -6,8 +6,9 @@ so checkpoint wrappers, both sharding wrappers and state dicts see the reference
 
 - ``rope``: the attention's forward rotates q and k in one region that keeps the projections' layout
   (``fused_rope``), so the attention output and the gradients of q, k and the output need no copies;
-- ``norm``: the block's forward adds the attention's output to the residual and applies ``ln2`` in one
-  region returning both (``fused_norm``);
+- ``norm``: the block's forward applies ``ln1`` through ``rmsnorm_keep_input`` (the residual's two
+  gradients summed in the norm's backward kernel) and adds the attention's output to the residual and
+  applies ``ln2`` in one region returning both (``add_rmsnorm``; ``fused_norm``);
 - ``swiglu``: the feed-forward's forward is ``fused_swiglu.swiglu`` on its three weights.
 """
 
@@ -19,7 +20,7 @@ import torch
 from cs336_basics import CausalMultiHeadSelfAttention, SwiGLU, TransformerBlock
 from torch import Tensor
 
-from .fused_norm import add_rmsnorm
+from .fused_norm import add_rmsnorm, rmsnorm_keep_input
 from .fused_rope import rope_qk
 from .fused_swiglu import swiglu
 
@@ -37,7 +38,8 @@ def _attention_forward(self: CausalMultiHeadSelfAttention, x: Tensor, token_posi
 
 
 def _block_forward(self: TransformerBlock, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
-    normed, x = add_rmsnorm(x, self.attn(self.ln1(x), token_positions), self.ln2.weight, self.ln2.eps)
+    normed, x = rmsnorm_keep_input(x, self.ln1.weight, self.ln1.eps)
+    normed, x = add_rmsnorm(x, self.attn(normed, token_positions), self.ln2.weight, self.ln2.eps)
     return x + self.ffn(normed)
 
 
@@ -47,7 +49,8 @@ def _swiglu_forward(self: SwiGLU, x: Tensor) -> Tensor:
 
 def fuse_block(block: TransformerBlock, fusions: tuple[str, ...] = FUSIONS) -> None:
     """Apply ``fusions`` (a subset of ``FUSIONS``) to ``block`` in place; call before wrapping its modules
-    (checkpointing, sharding). The RMSNorm ``ln1`` is left as it is (compile it as a region of its own)."""
+    (checkpointing, sharding). Modules whose forward is not replaced (and still runs) are left as they are:
+    compile them as regions of their own."""
     unknown = set(fusions) - set(FUSIONS)
     if unknown:
         raise ValueError(f"fusions must be among {FUSIONS}, got {sorted(unknown)}")
