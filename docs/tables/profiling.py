@@ -1,4 +1,4 @@
-"""Generated blocks of docs/profiling.md from the end-to-end benchmark (runs A and E)."""
+"""Generated blocks of docs/profiling.md from the end-to-end benchmark (runs A, E and F)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,23 @@ from .fmt import num, pct, read_csv, table
 DATA = "docs/data/"
 RUN_A = DATA + "profiling-bench-eager.csv"
 RUN_E = [DATA + f"profiling-bench-{n}-2026-12-01.csv" for n in ("xl", "10B-bf16", "10B-fp32-forward")]
+RUN_F = [DATA + "profiling-bench-10B-fp32-fwdbwd-2026-12-01.csv"]
+
+
+def later_cells() -> pd.DataFrame:
+    """The 5 + 10 cells of runs E and F (``run``), which replace run A's shorter ones."""
+    runs = (("E", RUN_E), ("F", RUN_F))
+    return pd.concat([pd.concat([read_csv(p) for p in paths]).assign(run=name) for name, paths in runs])
+
+
 SIZES = ("small", "medium", "large", "xl", "10B")
 MODES = ("forward", "forward-backward", "train")
 
 
 def bench_cells() -> pd.DataFrame:
-    """One row per (size, mode, dtype): run E's 5 + 10 cells where it has them, else run A's (``run``)."""
+    """One row per (size, mode, dtype): run F's or E's 5 + 10 cells where they have them, else run A's."""
     a = read_csv(RUN_A).assign(run="A")
-    e = pd.concat([read_csv(p) for p in RUN_E]).assign(run="E")
-    cells = pd.concat([e, a]).drop_duplicates(["size", "mode", "dtype"], keep="first")
+    cells = pd.concat([later_cells(), a]).drop_duplicates(["size", "mode", "dtype"], keep="first")
     return cells.set_index(["size", "mode", "dtype"])
 
 
@@ -137,11 +145,10 @@ def spread_bf16_big() -> str:
 
 @block("profiling.run-a-vs-e")
 def run_a_vs_e() -> str:
-    """Run E's 5 + 10 cells against run A's shorter runs of the same cell."""
+    """Runs E's and F's 5 + 10 cells against run A's shorter runs of the same cell."""
     a = read_csv(RUN_A).set_index(["size", "mode", "dtype"])
-    e = pd.concat([read_csv(p) for p in RUN_E])
     rows = []
-    for _, r in e.iterrows():
+    for _, r in later_cells().iterrows():
         old = a.loc[(r["size"], r["mode"], r["dtype"])]
         rows.append(
             [
@@ -151,11 +158,12 @@ def run_a_vs_e() -> str:
                 f"{num(old['mean_ms'])} ± {num(old['std_ms'], 2)}",
                 f"{old['warmup']} + {old['steps']}",
                 f"{num(r['mean_ms'])} ± {num(r['std_ms'], 2)}",
+                r["run"],
                 f"{100 * (r['mean_ms'] / old['mean_ms'] - 1):+.1f}%",
             ]
         )
-    cols = ["size", "mode", "dtype", "run A ms", "run A steps", "run E ms (5 + 10)", "E vs A"]
-    return table(cols, rows, [False, False, False, True, True, True, True])
+    cols = ["size", "mode", "dtype", "run A ms", "run A steps", "5 + 10 ms", "run", "vs A"]
+    return table(cols, rows, [False, False, False, True, True, True, False, True])
 
 
 @block("profiling.10b-train-memory")
@@ -174,7 +182,7 @@ def tenb_train_memory() -> str:
 
 def _a_vs_e() -> pd.DataFrame:
     a = read_csv(RUN_A).set_index(["size", "mode", "dtype"])
-    e = pd.concat([read_csv(p) for p in RUN_E]).set_index(["size", "mode", "dtype"])
+    e = later_cells().set_index(["size", "mode", "dtype"])
     return e.assign(change=100 * (e["mean_ms"] / a.loc[e.index, "mean_ms"] - 1)).reset_index()
 
 

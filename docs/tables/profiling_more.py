@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 from . import block
 from .fmt import num, read_csv, table
 
@@ -131,3 +133,35 @@ def compile_table() -> str:
         "compiled cell wall s",
     ]
     return table(cols, rows, [False, False, False, True, True, True, True, True, True, True])
+
+
+COMPILED_F = [DATA + f"profiling-bench-compiled-{n}-2026-12-01.csv" for n in ("large-xl", "10B")]
+
+
+@block("profiling.compile-big")
+def compile_big_table() -> str:
+    """large, xl and 10B eager and compiled one after the other in one process (run F), 5 + 10 steps."""
+    d = pd.concat([read_csv(p) for p in COMPILED_F])
+    rows = []
+    for (size, mode, dtype), cell in d.groupby(["size", "mode", "dtype"], sort=False):
+        e, c = (cell[cell["compile"] == flag] for flag in (False, True))
+        if c.empty:  # the run's time limit stopped the process while this cell compiled
+            c = pd.DataFrame([{"status": "stopped while compiling", "wall_s": float("nan")}])
+        e, c = e.iloc[0], c.iloc[0]
+        done = e["status"] == "ok" and c["status"] == "ok"
+        rows.append(
+            [
+                size,
+                mode,
+                dtype,
+                _ms(e),
+                _ms(c) if c["status"] != "stopped while compiling" else c["status"],
+                _ratio(e, c) if done else "-",
+                f"{num(e['tflops'], 0)} / {num(c['tflops'], 0)}" if done else "-",
+                f"{num(e['peak_gib'], 2)} / {num(c['peak_gib'], 2)}" if done else "-",
+                num(c["wall_s"]) if done else "-",
+            ]
+        )
+    cols = ["size", "mode", "dtype", "eager ms", "compiled ms", "speed-up", "TFLOP/s eager / compiled",
+            "peak GiB eager / compiled", "compiled cell wall s"]  # fmt: skip
+    return table(cols, rows, [False, False, False, True, True, True, True, True, True])

@@ -18,15 +18,23 @@ def fake_gpu(monkeypatch):
         if fn is tables.IMPLEMENTATIONS["sdpa_flash"] and q.dtype == torch.float32:
             raise RuntimeError("No available kernel. Aborting execution.")
         base = q.shape[0] * q.shape[1] * q.shape[2] ** 2 * q.shape[3] * 1e-9
-        slow = {"ours": 1.0, "naive": 4.0, "sdpa_flash": 1.5, "sdpa_cudnn": 0.8}[
-            next(n for n, f in tables.IMPLEMENTATIONS.items() if f is fn)
-        ]
+        slow = {
+            "ours": 1.0,
+            "portable": 1.1,
+            "gluon": 0.8,
+            "hopper": 0.9,
+            "naive": 4.0,
+            "sdpa_flash": 1.5,
+            "sdpa_cudnn": 0.8,
+        }[next(n for n, f in tables.IMPLEMENTATIONS.items() if f is fn)]
         return {"fwd": base * slow, "bwd": 2.5 * base * slow, "fwd+bwd": 3.5 * base * slow}
 
     monkeypatch.setattr(tables, "time_passes", fake_time_passes)
-    monkeypatch.setattr(tables, "precompile", lambda variants, jobs: [])
+    monkeypatch.setattr(tables, "precompile", lambda variants, jobs, kernel_sets: [])
     monkeypatch.setattr(tables, "matmul_tflops", lambda: 795.0)
-    monkeypatch.setattr(tables, "MULTIHEAD_SHAPES", [(1, 4, 512, 64)])
+    monkeypatch.setattr(
+        tables, "multihead_cases", lambda seqs: [((1, 4, 512, 64), 4, True), ((1, 4, 512, 64), 2, False)]
+    )
     monkeypatch.setattr(benchutil, "require_cuda", lambda command: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (30 * 2**30, 141 * 2**30))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -71,6 +79,9 @@ def test_bench_writes_ratio_tables_and_marks_cells(fake_gpu, tmp_path, monkeypat
     expected = 4 * 4 * 512 * 512 * 64 / 2 / (4 * 512**2 * 64 * 1e-9) / 1e9
     assert math.isclose(fwd["ours TFLOP/s"], round(expected, 1))
     assert math.isclose(fwd["ours % of matmul"], round(100 * fwd["ours TFLOP/s"] / 795.0, 1))
+    assert fwd["hopper/ours"] == 0.9 and fwd["portable/ours"] == 1.1 and fwd["kv_heads"] == 4
+    full = multi[(multi["pass"] == "fwd") & ~multi["causal"]].iloc[0]
+    assert full["kv_heads"] == 2 and math.isclose(full["ours TFLOP/s"], round(2 * expected, 1))
 
 
 def test_naive_memory_count_is_quadratic():

@@ -66,7 +66,8 @@ def test_interpreted_kernels_match_float64():
     done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     errors = json.loads(done.stdout)
-    assert len(errors) == len(INTERPRETED)
+    assert len(errors) == len(INTERPRETED) + 1
+    assert errors["public"].pop("o equals hopper.forward's") == 1.0
     bad = [
         f"{case} {name} {e:.2e}" for case, errs in errors.items() for name, e in errs.items() if not e < 3e-3
     ]
@@ -108,7 +109,34 @@ def _interpreted_errors() -> dict[str, dict[str, float]]:
         errs = {"o": err(o, gold_o), "lse": err(lse, gold_lse)}
         errs |= {n: err(g, t.grad) for n, g, t in zip(("dq", "dk", "dv"), grads, leaves, strict=True)}
         out[f"{batch}x{heads}/{heads_kv}-{seq_q}x{seq_k}-{'causal' if causal else 'full'}"] = errs
-    return out
+    return out | {"public": _public_errors(tiles, gen)}
+
+
+def _public_errors(tiles, gen) -> dict[str, float]:
+    """``FlashAttention2Triton`` on a pretended sm90 with the Triton-language Hopper forward pinned (the Gluon
+    one does not run interpreted): bitwise ``hopper.forward``'s output, then the portable backward from the
+    saved O and L."""
+    from flashattn import hopper
+    from flashattn.dispatch import pinned_kernels
+    from flashattn.triton_flash import FlashAttention2Triton, KernelConfigs, TileConfig, pinned_configs
+
+    hopper.device_reason = lambda device: None
+    portable = KernelConfigs(TileConfig(16, 32, 4, 1), TileConfig(16, 32, 4, 1), TileConfig(32, 16, 4, 1))
+    q, do = (torch.randn(2, 4, 29, 64, generator=gen).half() for _ in range(2))
+    k, v = (torch.randn(2, 2, 45, 64, generator=gen).half() for _ in range(2))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with hopper.pinned_configs(tiles), pinned_configs(portable):
+        with pinned_kernels("hopper", "portable"):
+            o = FlashAttention2Triton.apply(*leaves, True)
+        o.backward(do)
+        same = torch.equal(o.detach(), hopper.forward(q, k, v, True)[0])
+    gold = [t.double().requires_grad_() for t in (q, k, v)]
+    gold_o, _ = _float64_attention(*gold, True)
+    gold_o.backward(do.double())
+    errs = {"o": relative_error(o.detach(), gold_o, floor=1e-2)}
+    for name, t, g in zip(("dq", "dk", "dv"), leaves, gold, strict=True):
+        errs[name] = relative_error(t.grad, g.grad, floor=1e-2)
+    return errs | {"o equals hopper.forward's": float(same)}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from flashattn import hopper, reference
+from flashattn import flash_attention, hopper, reference
+from flashattn.dispatch import HOPPER_BACKWARD, HOPPER_FORWARD, choose
 from flashattn.triton_flash import FlashAttention2Triton
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -130,3 +131,64 @@ def test_lse_is_natural_log_of_softmax_denominator():
     _, lse = hopper.forward(q, k, v, False)
     scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(64)
     torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=2e-3, rtol=0)
+
+
+ENTRY_POINTS = {"flash_attention": flash_attention, "FlashAttention2Triton": FlashAttention2Triton.apply}
+SM90_FORWARD = {"hopper": hopper.forward, "gluon": hopper.gluon_forward}[HOPPER_FORWARD]
+PUBLIC_CASES = [CASES[1], CASES[4], CASES[5], CASES[6], CASES[9], CASES[11]]
+
+
+def _public(fn, q, k, v, do, causal):
+    """``o, L, dq, dk, dv`` of a public entry point (``L``: the tensor it saves besides q, k, v, o)."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = fn(*leaves, causal)
+    lse = o.grad_fn.saved_tensors[0]
+    o.backward(do)
+    return [o.detach(), lse, *(t.grad for t in leaves)]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", PUBLIC_CASES, ids=_case_id)
+def test_public_entry_points_take_hopper_forward(case, dtype, entry):
+    """On sm90 the public names run the chosen sm90 forward (bitwise its output) and backward, within twice
+    plain attention's error against float64."""
+    causal = case[-1]
+    q, k, v, do = _inputs(case, dtype, seed=sum(case[:6]) + 1)
+    choice = choose(q, k, v, causal)
+    expected = ("triton", HOPPER_FORWARD, HOPPER_BACKWARD[q.shape[-1]])
+    assert (choice.name, choice.forward, choice.backward) == expected, choice
+    gold = _plain(*(t.double() for t in (q, k, v, do)), causal)
+    plain = _plain(q, k, v, do, causal)
+    _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
+    ours = _public(ENTRY_POINTS[entry], q, k, v, do, causal)
+    assert torch.equal(ours[0], SM90_FORWARD(q, k, v, causal)[0]), "the sm90 forward did not run"
+    for name, x, p, g in zip(("o", "lse", "dq", "dk", "dv"), ours, plain, gold, strict=True):
+        assert x.shape == g.shape and x.dtype == (torch.float32 if name == "lse" else dtype), name
+        assert torch.isfinite(x).all(), f"{name} has unwritten (NaN) or infinite elements"
+        err, plain_err = _rel_err(x, g), _rel_err(p, g)
+        assert err <= 2 * plain_err + 1e-4, f"{name}: error {err:.2e} vs plain {plain_err:.2e}"
+
+
+@pytest.mark.parametrize("case", [CASES[5], CASES[10]], ids=_case_id)
+def test_public_entry_point_repeats_bitwise(case):
+    q, k, v, do = _inputs(case, torch.bfloat16, seed=4)
+    first = _public(flash_attention, q, k, v, do, case[-1])
+    _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
+    again = _public(flash_attention, q, k, v, do, case[-1])
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), first, again, strict=True):
+        assert torch.equal(a, b), f"{name} differs between identical runs"
+
+
+def test_public_layouts_and_fallbacks():
+    """The attention layer's ``(B, S, H, d).transpose(1, 2)`` layout and 3-D inputs take the sm90 forward;
+    a window and fp32 take the portable kernels."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    q, k, v = (torch.randn(2, 300, 4, 128, device="cuda", generator=gen, dtype=torch.bfloat16).transpose(1, 2)
+               for _ in range(3))  # fmt: skip
+    assert choose(q, k, v, True).forward == HOPPER_FORWARD == choose(q[0], k[0], v[0], True).forward
+    torch.testing.assert_close(flash_attention(q, k, v, True), SM90_FORWARD(q, k, v, True)[0], atol=0, rtol=0)
+    three_d = flash_attention(q[0], k[0], v[0], True)[None]
+    assert torch.equal(three_d, flash_attention(q[:1], k[:1], v[:1], True))
+    assert choose(q, k, v, True, window=(64, 0)).forward == "portable"
+    assert choose(q.float(), k.float(), v.float(), True).forward == "portable"

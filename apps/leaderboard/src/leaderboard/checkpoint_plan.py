@@ -1,21 +1,33 @@
-"""Activation checkpointing only where memory demands it: which blocks recompute what.
+"""Activation memory only where it pays: per block, keep, offload or recompute.
 
-Each Transformer block is in one of three tiers:
-- kept: its activations stay for backward (no recomputation);
+Each Transformer block is in one of four tiers:
+- kept: its activations stay on the device for backward;
+- ``offload``: its saved activations go to pinned host memory during forward and come back one offloaded
+  block ahead of its backward (``offload.ActivationOffload``);
 - ``ffn``: only its SwiGLU is recomputed (the SwiGLU's three ``(tokens, d_ff)`` tensors are the largest
   thing a block saves, and its matmuls are the cheaper part of a block's forward);
 - ``block``: the whole block is recomputed; it keeps only its input.
 
-``measure_block_memory`` measures, on a separate unsharded block built like the model's, the bytes a
-kept block and an ``ffn`` block save beyond their input. ``plan_checkpointing`` then picks the counts
-that minimize the recomputed FLOPs (block forward: matmuls plus causal attention; SwiGLU forward: its
-matmuls) while the step fits the memory that can still be allocated. Fully recomputed blocks are the
-first ones and ``ffn`` blocks come next, so backward rebuilds them last, after the kept blocks'
-activations are gone.
+``measure_block_costs`` measures, on a separate unsharded block built like the model's, the bytes a kept
+and an ``ffn`` block save beyond their input and the forward time of a block and of its SwiGLU;
+``measure_host_link`` times pinned D2H and H2D copies. ``plan_checkpointing`` then picks the tier counts
+with the least time added to the step (recomputed forwards, plus the part of each offload transfer that
+the compute around it cannot hide) whose peak fits the memory that can still be allocated. Fully
+recomputed blocks come first; offloaded blocks are spread evenly over the rest, so each transfer has the
+blocks up to the next offloaded one to hide under; ``ffn`` blocks fill the remaining places first, kept
+blocks last (backward rebuilds the ``ffn`` blocks after the kept blocks' activations are gone).
 
-Limits: the memory model is the peak at the start of backward (fp32 AdamW moments, every block's input,
-the saved activations, a headroom for gathered weights, gradient buffers and loss chunks) and at the
-end (gradients plus one rebuilt block); allocator fragmentation is left to the headroom.
+Offload rule: a group of ``S`` bytes (what a kept block saves, its input included) leaves during the
+forward of the ``g`` blocks up to the next offloaded block and returns during their backward, so it adds
+``max(0, S / d2h - g * t_block) + max(0, S / h2d - g' * 2 * t_block)`` seconds (``g'`` blocks between the
+fetch's trigger and the use; backward is taken as twice the forward). Offloading a block is chosen when
+that is less than recomputing it, within the host memory left for pinned buffers.
+
+Limits: the memory model is the peak at the start of backward (fp32 AdamW moments, the inputs of the
+blocks not offloaded, the saved activations, two groups of offloaded activations in flight, a headroom
+for gathered weights, gradient buffers and loss chunks) and at the end (gradients plus one rebuilt
+block); allocator fragmentation is left to the headroom. ``repeat`` > 1 plans blocks that each stand for
+``repeat`` blocks of the full model (the single-GPU proxy, ``proxy.RankProxy``).
 """
 
 from __future__ import annotations
@@ -25,95 +37,190 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
-from analysis.accounting import attention_flops
 from cs336_basics import ModelConfig, RotaryEmbedding, TransformerBlock
 from torch import nn
 
 from .metrics import GIB
+from .offload import ActivationOffload
+from .proxy import RankProxy
 from .sharding import recomputed
+
+
+def offload_positions(layers: int, block: int, offload: int) -> list[int]:
+    """Indices of the offloaded blocks: spread evenly over the blocks after the ``block`` recomputed ones."""
+    return [block + j * (layers - block) // offload for j in range(offload)]
 
 
 @dataclass(frozen=True)
 class CheckpointPlan:
     block: int  # the first ``block`` blocks recompute everything
-    ffn: int  # the next ``ffn`` blocks recompute their SwiGLU
-    kept: int  # the rest keep their activations
+    ffn: int  # then ``ffn`` blocks recompute their SwiGLU
+    kept: int  # and ``kept`` keep their activations on the device
+    offload: int = 0  # and ``offload`` (spread among the ffn and kept ones) move them to host memory
 
-    def apply(self, layers: nn.ModuleList) -> None:
-        """Put the first ``block`` blocks, then the next ``ffn`` blocks' SwiGLUs, in checkpoint wrappers."""
-        for i in range(self.block):
-            layers[i] = recomputed(layers[i])
-        for block in layers[self.block : self.block + self.ffn]:
-            block.ffn = recomputed(block.ffn)
+    def tiers(self) -> list[str]:
+        """The tier of every block, in forward order."""
+        layers = self.block + self.ffn + self.kept + self.offload
+        tiers = ["block"] * self.block + [""] * (layers - self.block)
+        for i in offload_positions(layers, self.block, self.offload):
+            tiers[i] = "offload"
+        rest = [i for i, tier in enumerate(tiers) if not tier]
+        for n, i in enumerate(rest):
+            tiers[i] = "ffn" if n < self.ffn else "kept"
+        return tiers
+
+    def apply(self, layers: nn.ModuleList) -> ActivationOffload | None:
+        """Put the planned blocks (or their SwiGLUs) in checkpoint wrappers and hook the offloaded blocks;
+        returns the offloader (None without offloaded blocks)."""
+        tiers = self.tiers()
+        if len(tiers) != len(layers):
+            raise ValueError(f"the plan has {len(tiers)} blocks, the model {len(layers)}")
+        for i, tier in enumerate(tiers):
+            if tier == "block":
+                layers[i] = recomputed(layers[i])
+            elif tier == "ffn":
+                layers[i].ffn = recomputed(layers[i].ffn)
+        offloaded = [i for i, tier in enumerate(tiers) if tier == "offload"]
+        return ActivationOffload(layers, offloaded) if offloaded else None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def block_forward_flops(cfg: ModelConfig, batch: int) -> tuple[float, float]:
-    """Forward FLOPs of one whole block and of its SwiGLU alone, on ``batch`` sequences."""
-    tokens = batch * cfg.context_length
-    ffn = 2.0 * tokens * 3 * cfg.d_model * cfg.d_ff
-    projections = 2.0 * tokens * 4 * cfg.d_model * cfg.d_model
-    head_dim = cfg.d_model // cfg.num_heads
-    attention = attention_flops(batch, cfg.num_heads, cfg.context_length, cfg.context_length, head_dim, True)
-    return ffn + projections + attention, ffn
+@dataclass(frozen=True)
+class BlockCosts:
+    """Measured on one block: bytes saved for backward (the input; beyond it when kept and when only the
+    SwiGLU is recomputed) and forward seconds of the whole block and of its SwiGLU."""
+
+    input_bytes: int
+    kept_bytes: int
+    ffn_bytes: int
+    block_seconds: float
+    ffn_seconds: float
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """Pinned-memory copy rates (bytes/s) and the host bytes that pinned buffers may take."""
+
+    d2h_bytes_per_s: float
+    h2d_bytes_per_s: float
+    host_bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """``available_bytes``: what can still be allocated once the fp32 parameter shards exist;
+    ``shard_bytes``: those shards (AdamW adds two moments of that size, backward the gradients)."""
+
+    available_bytes: int
+    shard_bytes: int
+    headroom_bytes: int
+
+
+def device_saved_bytes(plan: CheckpointPlan, costs: BlockCosts) -> int:
+    """Bytes the planned blocks hold on the device at the start of backward (inputs included)."""
+    layers = plan.block + plan.ffn + plan.kept + plan.offload
+    return (
+        (layers - plan.offload) * costs.input_bytes
+        + plan.kept * costs.kept_bytes
+        + plan.ffn * costs.ffn_bytes
+    )
+
+
+def offload_exposed_seconds(
+    layers: int, block: int, offload: int, costs: BlockCosts, link: HostLink
+) -> float:
+    """Seconds of offload transfers that the compute around them cannot hide (the rule above)."""
+    if offload == 0:
+        return 0.0
+    group = costs.kept_bytes + costs.input_bytes
+    out, back = group / link.d2h_bytes_per_s, group / link.h2d_bytes_per_s
+    positions = offload_positions(layers, block, offload)
+    exposed = 0.0
+    for j, p in enumerate(positions):
+        after = positions[j + 1] if j + 1 < offload else layers
+        trigger = positions[j + 1] if j + 1 < offload else layers - 1
+        exposed += max(0.0, out - (after - p) * costs.block_seconds)
+        exposed += max(0.0, back - (trigger - p) * 2 * costs.block_seconds)
+    return exposed
 
 
 def plan_checkpointing(
     layers: int,
-    available_bytes: int,
-    shard_bytes: int,
-    input_bytes: int,
-    kept_bytes: int,
-    ffn_bytes: int,
-    headroom_bytes: int,
-    block_flops: float,
-    ffn_flops: float,
+    budget: MemoryBudget,
+    costs: BlockCosts,
+    link: HostLink | None = None,
+    repeat: int = 1,
 ) -> CheckpointPlan:
-    """The tier counts with the fewest recomputed FLOPs whose peak fits ``available_bytes``.
-
-    ``available_bytes``: what can still be allocated once the fp32 parameter shards exist;
-    ``shard_bytes``: those shards (AdamW adds two moments of that size, backward the gradients);
-    ``input_bytes``: one block's input, kept by every block; ``kept_bytes`` / ``ffn_bytes``: what a kept
-    / ``ffn`` block saves beyond its input. Falls back to recomputing every block when nothing fits.
-    """
-    fixed = 2 * shard_bytes + layers * input_bytes + headroom_bytes
-    best: tuple[float, CheckpointPlan] | None = None
-    for kept in range(layers + 1):
-        for ffn in range(layers - kept + 1):
-            block = layers - kept - ffn
-            start_of_backward = kept * kept_bytes + ffn * ffn_bytes
-            end_of_backward = shard_bytes + (kept_bytes if block else 0)
-            if fixed + max(start_of_backward, end_of_backward) > available_bytes:
-                continue
-            cost = block * block_flops + ffn * ffn_flops
-            if best is None or cost < best[0]:
-                best = (cost, CheckpointPlan(block, ffn, kept))
+    """The tier counts adding the least time whose peak fits ``budget`` (no offloading without ``link``);
+    ties go to fewer offloaded blocks. Falls back to recomputing every block when nothing fits."""
+    fixed = 2 * budget.shard_bytes + budget.headroom_bytes
+    in_flight = 2 * (costs.kept_bytes + costs.input_bytes)
+    best: tuple[tuple, CheckpointPlan] | None = None
+    for block in range(layers + 1):
+        end_of_backward = (
+            repeat * layers * costs.input_bytes + budget.shard_bytes + (costs.kept_bytes if block else 0)
+        )
+        for offload in range(layers - block + 1 if link is not None else 1):
+            host = repeat * offload * (costs.kept_bytes + costs.input_bytes)
+            if link is not None and host > link.host_bytes:
+                break
+            exposed = offload_exposed_seconds(layers, block, offload, costs, link) if offload else 0.0
+            for ffn in range(layers - block - offload + 1):
+                plan = CheckpointPlan(block, ffn, layers - block - offload - ffn, offload)
+                start_of_backward = repeat * device_saved_bytes(plan, costs) + (in_flight if offload else 0)
+                if fixed + max(start_of_backward, end_of_backward) > budget.available_bytes:
+                    continue
+                seconds = block * costs.block_seconds + ffn * costs.ffn_seconds + exposed
+                key = (round(seconds, 9), offload, block, ffn)
+                if best is None or key < best[0]:
+                    best = (key, plan)
     return best[1] if best is not None else CheckpointPlan(layers, 0, 0)
 
 
-def _saved_bytes(block: nn.Module, x_shape: tuple[int, int, int], dtype: torch.dtype, device) -> int:
+def _saved_bytes_and_seconds(
+    block: nn.Module, x_shape: tuple[int, int, int], dtype: torch.dtype, device, reps: int = 3
+) -> tuple[int, float]:
+    """Bytes ``block`` saves for backward beyond its input and output, and its forward time (fastest of
+    ``reps``, after one untimed call)."""
     x = torch.randn(x_shape, device=device, dtype=dtype, requires_grad=True)
     positions = torch.arange(x_shape[1], device=device)
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    out = block(x, positions)
-    torch.cuda.synchronize(device)
-    saved = torch.cuda.memory_allocated(device) - before - out.numel() * out.element_size()
-    del out, x
-    return max(saved, 0)
+    saved, times = 0, []
+    for rep in range(reps + 1):
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = block(x, positions)
+        stop.record()
+        torch.cuda.synchronize(device)
+        if rep == 0:
+            saved = torch.cuda.memory_allocated(device) - before - out.numel() * out.element_size()
+        else:
+            times.append(start.elapsed_time(stop) / 1e3)
+        del out
+    return max(saved, 0), min(times, default=0.0)
 
 
-def measure_block_memory(
+class _Unary(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x, positions):
+        return self.module(x)
+
+
+def measure_block_costs(
     cfg: ModelConfig,
     batch: int,
     attention,
     dtype: torch.dtype,
     device: torch.device,
     prepare: Callable[[TransformerBlock], None],
-) -> tuple[int, int]:
-    """Bytes a kept block and an ``ffn``-checkpointed block save beyond their input (CUDA allocator).
+) -> BlockCosts:
+    """Saved bytes (CUDA allocator) and forward times (CUDA events) of one block, kept and ``ffn``.
 
     The probe block is built like the model's (same attention kernel; ``prepare`` applies the same
     compiled regions), unsharded, so no collective runs and the compiled code is warmed up.
@@ -122,10 +229,34 @@ def measure_block_memory(
     block = TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, rope, attention, device, dtype)
     prepare(block)
     shape = (batch, cfg.context_length, cfg.d_model)
-    kept = _saved_bytes(block, shape, dtype, device)
+    kept, block_seconds = _saved_bytes_and_seconds(block, shape, dtype, device)
+    _, ffn_seconds = _saved_bytes_and_seconds(_Unary(block.ffn), shape, dtype, device)
     block.ffn = recomputed(block.ffn)
-    ffn = _saved_bytes(block, shape, dtype, device)
-    return kept, ffn
+    ffn, _ = _saved_bytes_and_seconds(block, shape, dtype, device, reps=0)
+    input_bytes = batch * cfg.context_length * cfg.d_model * torch.finfo(dtype).bits // 8
+    return BlockCosts(input_bytes, kept, ffn, block_seconds, ffn_seconds)
+
+
+def measure_host_link(
+    device: torch.device, host_bytes: int, nbytes: int = 256 << 20, reps: int = 3
+) -> HostLink:
+    """Pinned D2H and H2D copy rates of ``nbytes`` (fastest of ``reps`` after one untimed copy each), with
+    ``host_bytes`` of host memory allowed for pinned buffers (a planner input: the GPU machines' memory
+    grows as it is used, so what the system reports free at start-up understates it)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    rates = []
+    for dst, src in ((host, dev), (dev, host)):
+        times = []
+        for _ in range(reps + 1):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) / 1e3)
+        rates.append(nbytes / min(times[1:]))
+    return HostLink(rates[0], rates[1], host_bytes)
 
 
 def available_bytes(device: torch.device) -> int:
@@ -148,26 +279,38 @@ def auto_plan(
     shard_bytes: int,
     headroom_gib: float,
     prepare: Callable[[TransformerBlock], None],
-) -> tuple[CheckpointPlan, dict]:
-    """Measure, then plan; the plan and what it was computed from (GiB)."""
-    kept_bytes, ffn_bytes = measure_block_memory(cfg, batch, attention, dtype, device, prepare)
-    input_bytes = batch * cfg.context_length * cfg.d_model * torch.finfo(dtype).bits // 8
-    available = available_bytes(device)
-    block_flops, ffn_flops = block_forward_flops(cfg, batch)
-    plan = plan_checkpointing(
-        cfg.num_layers,
-        available,
-        shard_bytes,
-        input_bytes,
-        kept_bytes,
-        ffn_bytes,
-        int(headroom_gib * GIB),
-        block_flops,
-        ffn_flops,
-    )
-    return plan, {
-        "saved_gib_kept_block": (kept_bytes + input_bytes) / GIB,
-        "saved_gib_ffn_checkpointed_block": (ffn_bytes + input_bytes) / GIB,
+    offload_host_gib: float = 0.0,
+    proxy: RankProxy | None = None,
+) -> tuple[CheckpointPlan, dict, int]:
+    """Measure, then plan (with the offload tier when ``offload_host_gib`` of pinned host memory are
+    allowed); the plan, what it was computed from (GiB, ms, GB/s), and the bytes a
+    single-GPU ``proxy`` must hold back so that its step meets the memory of the rank it stands for
+    (0 without a proxy). With a proxy the planner plans that rank: its fp32 shard, its free memory, every
+    planned block standing for ``proxy.ranks`` blocks."""
+    costs = measure_block_costs(cfg, batch, attention, dtype, device, prepare)
+    link = measure_host_link(device, int(offload_host_gib * GIB)) if offload_host_gib > 0 else None
+    available, repeat = available_bytes(device), 1
+    if proxy is not None:
+        available += shard_bytes - proxy.rank_shard_bytes  # the rank holds its shard where we hold ours
+        shard_bytes, repeat = proxy.rank_shard_bytes, proxy.ranks
+    budget = MemoryBudget(available, shard_bytes, int(headroom_gib * GIB))
+    plan = plan_checkpointing(cfg.num_layers, budget, costs, link, repeat)
+    held_back = proxy.held_back_bytes(device_saved_bytes(plan, costs)) if proxy is not None else 0
+    info = {
+        "saved_gib_kept_block": (costs.kept_bytes + costs.input_bytes) / GIB,
+        "saved_gib_ffn_checkpointed_block": (costs.ffn_bytes + costs.input_bytes) / GIB,
+        "block_forward_ms": 1e3 * costs.block_seconds,
+        "ffn_forward_ms": 1e3 * costs.ffn_seconds,
         "fp32_shard_gib": shard_bytes / GIB,
         "available_gib_before_step": available / GIB,
     }
+    if link is not None:
+        info |= {
+            "host_link_gbps": [link.d2h_bytes_per_s / 1e9, link.h2d_bytes_per_s / 1e9],
+            "pinned_host_gib_allowed": link.host_bytes / GIB,
+            "offload_exposed_ms_planned": 1e3
+            * offload_exposed_seconds(cfg.num_layers, plan.block, plan.offload, costs, link),
+        }
+    if proxy is not None:
+        info |= {"proxy_planned_as_rank_of": proxy.ranks, "proxy_held_back_gib": held_back / GIB}
+    return plan, info, held_back

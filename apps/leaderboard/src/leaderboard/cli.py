@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(RECIPES),
         default=None,
         help="recipe to run: leaderboard-8b (8B model, context 32768, batch 2), large-8k (large at "
-        "context 8192, batch 2), tiny (CPU-sized). Default: leaderboard-8b with >= 2 GPUs, "
+        "context 8192, batch 2), tiny (CPU-sized), proxy-8b (one GPU standing for one rank of "
+        "leaderboard-8b on 2 GPUs: 17 of its 34 blocks, one sequence, the rank's memory held back; "
+        "a proxy, not the 8B step). Default: leaderboard-8b with >= 2 GPUs, "
         "the largest that fits on one GPU, tiny on a CPU.",
     )
     parser.add_argument(

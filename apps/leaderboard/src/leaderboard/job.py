@@ -78,6 +78,8 @@ def plan_job(args: argparse.Namespace, argv: list[str], launch_time: float) -> J
         gpus_per_node = min(gpus, ranks)
     memory = torch.cuda.get_device_properties(0).total_memory if gpus_per_node == 1 else 0
     recipe = resolve_recipe(args, gpus_per_node, memory)
+    if recipe.proxy_ranks > 1 and args.ranks is None and not under_torchrun():
+        ranks = 1  # a proxy runs on one GPU (or one CPU process)
     recipe.validate(ranks)
     training = None
     if args.data is not None:

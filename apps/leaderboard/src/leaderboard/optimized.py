@@ -7,8 +7,8 @@ Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed orde
    (bounded compile time; the attention kernel and the FSDP hooks stay outside the graphs); with
    ``fused_block``, the fused forwards of ``fused_block`` instead (RMSNorms with the residual's passes
    folded in, RoPE of q and k in the projections' layout, SwiGLU with its input gradient summed in place);
-3. activation checkpointing only where memory demands it (``checkpoint_plan``: the SwiGLU of some
-   blocks, whole blocks only if that is not enough; or the recipe's fixed counts);
+3. activation memory only where it pays (``checkpoint_plan``: per block keep, offload to pinned host
+   memory, recompute the SwiGLU, or recompute the whole block; or the recipe's fixed counts);
 4. sharding: torch FSDP2 ``fully_shard`` per block and root, or our ``parallel.FSDP`` (flat fp32 shards
    per block unit), BF16 compute, fp32 reduction and master weights; the model is built on meta and
    materialized sharded;
@@ -96,21 +96,25 @@ def _prepare_probe(recipe: Recipe):
 
 def checkpoint_plan(
     recipe: Recipe, shard_bytes: int, attention, batch: int, device: torch.device, dtype: torch.dtype
-) -> tuple[CheckpointPlan, dict]:
-    """The recipe's fixed number of fully recomputed blocks, or (``checkpoint_blocks == -1`` on CUDA) the
-    cheapest plan that fits the measured memory with this rank's ``shard_bytes`` of fp32 parameters."""
+) -> tuple[CheckpointPlan, dict, int]:
+    """The recipe's fixed tier counts, or (``checkpoint_blocks == -1`` on CUDA) the cheapest plan that fits
+    the measured memory with this rank's ``shard_bytes`` of fp32 parameters (a proxy recipe: planned as the
+    rank it stands for); also the bytes a proxy must hold back (0 otherwise)."""
     cfg = recipe.model_config()
     if recipe.checkpoint_blocks >= 0:
         block = min(recipe.checkpoint_blocks, cfg.num_layers)
         ffn = min(recipe.checkpoint_ffn, cfg.num_layers - block)
-        plan = CheckpointPlan(block, ffn, cfg.num_layers - block - ffn)
-        return plan, {"checkpoint_rule": "fixed by recipe"}
+        offload = min(max(recipe.offload_blocks, 0), cfg.num_layers - block - ffn)
+        plan = CheckpointPlan(block, ffn, cfg.num_layers - block - ffn - offload, offload)
+        return plan, {"checkpoint_rule": "fixed by recipe"}, 0
     if device.type != "cuda":
-        return CheckpointPlan(0, 0, cfg.num_layers), {"checkpoint_rule": "auto on a CPU: none"}
-    plan, info = auto_plan(
-        cfg, batch, attention, dtype, device, shard_bytes, recipe.memory_headroom_gib, _prepare_probe(recipe)
-    )
-    return plan, {"checkpoint_rule": "auto", **info}
+        return CheckpointPlan(0, 0, cfg.num_layers), {"checkpoint_rule": "auto on a CPU: none"}, 0
+    host_gib = recipe.offload_host_gib if recipe.offload_blocks == -1 else 0.0  # 0: no offload tier
+    plan, info, held_back = auto_plan(
+        cfg, batch, attention, dtype, device, shard_bytes, recipe.memory_headroom_gib, _prepare_probe(recipe),
+        offload_host_gib=host_gib, proxy=recipe.proxy(),
+    )  # fmt: skip
+    return plan, {"checkpoint_rule": "auto", **info}, held_back
 
 
 def build_optimized(
@@ -146,7 +150,7 @@ def build_optimized(
             device=device,
         )
         params = [*model.flat_shards(), *model.replicated_parameters()]
-        plan, checkpoint_info = checkpoint_plan(
+        plan, checkpoint_info, held_back = checkpoint_plan(
             recipe, 4 * sum(p.numel() for p in params), attention, batch_per_rank, device, compute_dtype
         )
         plan.apply(lm.layers)  # around the FSDP units: a recomputed block gathers its weights again
@@ -162,7 +166,7 @@ def build_optimized(
 
     else:
         shard_bytes = fsdp2_shard_bytes(root, dist.get_world_size())
-        plan, checkpoint_info = checkpoint_plan(
+        plan, checkpoint_info, held_back = checkpoint_plan(
             recipe, shard_bytes, attention, batch_per_rank, device, compute_dtype
         )
         plan.apply(lm.layers)  # before sharding, so a recomputed block's wrapper is the FSDP2 unit
@@ -171,6 +175,8 @@ def build_optimized(
         model, params, accessors, finish = root, list(root.parameters()), fsdp2_accessors(root), None
         clip = functools.partial(clip_grad_norm, root)
 
+    if held_back:  # a proxy: the memory its rank holds beyond the proxy's own, held for the trainer's life
+        root.held_back_memory = torch.empty(held_back, dtype=torch.uint8, device=device)
     use_triton = recipe.optimizer == "triton" or (recipe.optimizer == "auto" and device.type == "cuda")
     optimizer_cls = TritonAdamW if use_triton else torch.optim.AdamW
     extra = {} if use_triton else {"fused": device.type == "cuda"}
@@ -194,6 +200,7 @@ def build_optimized(
         "fused_block": recipe.fused_block,
         "checkpointed_blocks": plan.block,
         "ffn_checkpointed_blocks": plan.ffn,
+        "offloaded_blocks": plan.offload,
         **checkpoint_info,
         "loss": "fused LM head + cross-entropy" if recipe.fused_loss else "chunked F.cross_entropy",
         "optimizer": "Triton AdamW" if use_triton else f"torch.optim.AdamW(fused={extra['fused']})",

@@ -9,6 +9,12 @@ Recipes:
     ``large-8k``        the ``large`` preset (d_model 1280, 36 layers) at context 8192, global batch 2:
                         the local analogue that also fits on one GPU.
     ``tiny``            a 2-layer model at context 128, global batch 4, for CPUs and tests.
+    ``proxy-8b``        a single-GPU proxy of one rank of ``leaderboard-8b`` on 2 GPUs: 17 of the 34 blocks
+                        (unsharded, with the whole embedding and LM head), one sequence of 32 768 tokens,
+                        planned as that rank and holding back the memory the rank's other 17 blocks and
+                        its smaller state leave over (``proxy.RankProxy``: ``3 (S_r - S_p) + D`` bytes,
+                        -6.96 GiB plus the other blocks' saved activations ``D``). Its step time is the
+                        proxy's, never the 8B step's.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when used, so that ``train.py --help`` answers before torch is loaded
     from cs336_basics import ModelConfig
+
+    from .proxy import RankProxy
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,12 @@ class Recipe:
     optimizer: str = "auto"  # "auto" (Triton on CUDA, torch elsewhere), "triton", "torch"
     sharding: str = "ours"  # "ours" (parallel.FSDP, block-level flat units) or "fsdp2" (torch fully_shard)
     seed: int = 0
+    # offloading: -1 lets the automatic plan (checkpoint_blocks=-1) offload blocks' saved activations to
+    # pinned host memory where that costs less than recomputing; N > 0 with fixed checkpoint counts
+    # offloads N of the blocks that are not recomputed
+    offload_blocks: int = 0
+    offload_host_gib: float = 48.0  # pinned host memory the planner may fill per rank (a proxy: as its rank)
+    proxy_ranks: int = 1  # N > 1: a one-GPU proxy of one rank of the preset's N-rank step (proxy.py)
     # training on a token file (train.py --data); the timing benchmark ignores these
     min_learning_rate: float = 0.0  # the cosine schedule decays from learning_rate to this at ``steps``
     lr_warmup_steps: int = 0  # linear warm-up before the cosine decay
@@ -60,10 +74,24 @@ class Recipe:
     save_every: int = 0  # steps between sharded checkpoints (0: only after the last step)
 
     def model_config(self) -> ModelConfig:
-        """The cs336_basics model config at this recipe's context length and batch."""
+        """The cs336_basics model config at this recipe's context length and batch (for a proxy: its
+        ``L / proxy_ranks`` blocks)."""
+        proxy = self.proxy()
+        return proxy.config() if proxy is not None else self.full_model_config()
+
+    def full_model_config(self) -> ModelConfig:
+        """The preset's whole model at this recipe's context length and batch."""
         from cs336_basics import get_preset
 
         return get_preset(self.preset).with_(context_length=self.context_length, batch_size=self.batch_size)
+
+    def proxy(self) -> RankProxy | None:
+        """The rank this recipe stands for when it is a single-GPU proxy (``proxy_ranks > 1``), else None."""
+        if self.proxy_ranks == 1:
+            return None
+        from .proxy import RankProxy
+
+        return RankProxy(self.full_model_config(), self.proxy_ranks)
 
     def with_(self, **changes) -> Recipe:
         """A copy with the given fields replaced; unknown fields raise ValueError."""
@@ -77,6 +105,7 @@ class Recipe:
         """Raise ValueError naming the field that cannot work on ``world_size`` ranks."""
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self._validate_offload_and_proxy(world_size)
         if self.batch_size < world_size or self.batch_size % world_size:
             raise ValueError(
                 f"batch_size={self.batch_size} must be a positive multiple of the number of ranks "
@@ -109,6 +138,26 @@ class Recipe:
                 f"min_learning_rate={self.min_learning_rate} must lie in "
                 f"[0, learning_rate={self.learning_rate}]"
             )
+
+    def _validate_offload_and_proxy(self, world_size: int) -> None:
+        if self.offload_blocks < -1:
+            raise ValueError(f"offload_blocks must be -1 (planned), 0 or a count, got {self.offload_blocks}")
+        if self.offload_blocks == -1 and self.checkpoint_blocks != -1:
+            raise ValueError("offload_blocks=-1 (planned) needs checkpoint_blocks=-1 (the automatic plan)")
+        if self.offload_blocks > 0 and self.checkpoint_blocks < 0:
+            raise ValueError(
+                f"offload_blocks={self.offload_blocks} needs fixed checkpoint counts (checkpoint_blocks >= 0)"
+            )
+        if not self.offload_host_gib >= 0:
+            raise ValueError(f"offload_host_gib must be >= 0, got {self.offload_host_gib}")
+        if self.proxy_ranks < 1:
+            raise ValueError(f"proxy_ranks must be >= 1, got {self.proxy_ranks}")
+        if self.proxy_ranks > 1:
+            if world_size != 1:
+                raise ValueError(
+                    f"proxy_ranks={self.proxy_ranks} is a one-GPU proxy; run it on 1 rank, not {world_size}"
+                )
+            self.proxy()  # raises ValueError when the blocks do not split over proxy_ranks
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -143,6 +192,18 @@ RECIPES: dict[str, Recipe] = {
         memory_headroom_gib=0.0,
         compile_regions=False,
         fused_block=False,
+    ),
+    # one rank of leaderboard-8b on 2 GPUs, on one GPU (proxy.py): the same headroom as the rank, whose
+    # root unit (embedding + head), loss chunks and gradient buffers the proxy has too
+    "proxy-8b": Recipe(
+        "proxy-8b",
+        "leaderboard-8b",
+        context_length=32_768,
+        batch_size=1,
+        steps=3,
+        warmup=1,
+        memory_headroom_gib=24.0,
+        proxy_ranks=2,
     ),
 }
 
@@ -205,15 +266,21 @@ def ablation_steps(recipe: Recipe, device_type: str) -> list[tuple[str, bool, di
     if recipe.sharding != "fsdp2":
         step["sharding"] = recipe.sharding
         rows.append(("+ our parallel.FSDP (flat block units) instead of torch FSDP2", False, dict(step)))
-    return rows
+    if recipe.offload_blocks == -1:
+        step["offload_blocks"] = -1
+        rows.append(
+            ("+ offload tier: saved activations to pinned host memory where cheaper", False, dict(step))
+        )
+    return _proxy_labels(recipe, rows)
 
 
 def ablation_alternatives(recipe: Recipe, device_type: str) -> list[tuple[str, bool, dict]]:
-    """Rows that change one setting of the fully optimized step (compared, not added): when the recipe
-    plans with any memory headroom, 8 GiB more and 8 GiB less of it."""
+    """Rows that change one setting of the fully optimized step (compared, not added): on CUDA, the
+    automatic plan with the offload tier (unless the recipe has it already); when the recipe plans with
+    any memory headroom, 8 GiB more and 8 GiB less of it."""
     full = ablation_steps(recipe, device_type)[-1][2]
     headroom = recipe.memory_headroom_gib
-    return [
+    rows = [
         (
             f"full step planned with {changed:g} GiB memory headroom instead of {headroom:g}",
             False,
@@ -221,3 +288,14 @@ def ablation_alternatives(recipe: Recipe, device_type: str) -> list[tuple[str, b
         )
         for changed in ((headroom + 8, headroom - 8) if headroom >= 8 else ())
     ]
+    if device_type == "cuda" and recipe.offload_blocks == 0 and full["checkpoint_blocks"] == -1:
+        label = "full step with the offload tier (saved activations to pinned host memory where cheaper)"
+        rows.insert(0, (label, False, {**full, "offload_blocks": -1}))
+    return _proxy_labels(recipe, rows)
+
+
+def _proxy_labels(recipe: Recipe, rows: list[tuple[str, bool, dict]]) -> list[tuple[str, bool, dict]]:
+    """Rows of a single-GPU proxy say so, so that no table reads as the full step's."""
+    if recipe.proxy_ranks == 1:
+        return rows
+    return [(f"proxy (1 GPU for 1 of {recipe.proxy_ranks} ranks): {label}", *rest) for label, *rest in rows]

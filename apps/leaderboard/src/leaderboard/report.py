@@ -84,6 +84,11 @@ def report(result: dict, job: Job) -> int:
     if job.json is not None:
         write_json(job.json, payload)
         print(f"wrote {job.json}")
+    if job.recipe.proxy_ranks > 1:
+        print(
+            f"{job.recipe.name} is a single-GPU proxy of one rank of the {job.recipe.proxy_ranks}-rank "
+            f"{job.recipe.preset} step: the times below are the proxy's, not that step's"
+        )
     if job.check:
         print(result["table"])
         print("check passed" if result["passed"] else "check FAILED")

@@ -23,7 +23,8 @@ What each path supports (``window=(left, right)``: keys ``i + shift - left ... i
 | causal (bottom-right) | yes | yes | yes |
 | ``window`` | yes, tiles outside skipped | yes | no (falls back to Triton) |
 | packed documents (varlen) | yes | yes (a loop over documents) | no (falls back to Triton) |
-| deterministic backward | yes (no atomics) | yes | |
+| deterministic backward | yes (no atomics) | yes | yes (no atomics) |
+| in ``FlashAttention2Triton`` | everywhere else | | Gluon forward; backward Hopper (d 64), portable (128) |
 
 Unsupported inputs raise ``TypeError`` / ``ValueError`` naming the argument and the supported values; a CUDA
 call that falls back to the PyTorch version warns once with the reason.

@@ -1,8 +1,13 @@
 """Attention latency: our Triton FlashAttention-2 against naive PyTorch and SDPA's flash and cuDNN backends.
 
-Three tables, each with forward, backward and forward+backward latency (``triton.testing.do_bench`` median,
-ms), TFLOP/s (``analysis.accounting.attention_flops``) and speed ratios measured in the same run:
-- ``multihead``: causal (1, 32 heads, S, 128) for S = 4096 ... 65 536 and (4, 16, 4096, 64), bf16;
+Implementations: ``ours`` (``FlashAttention2Triton``, the public path: on sm90 the kernels
+:func:`flashattn.dispatch.choose` names), ``portable`` and ``hopper`` (that function with each kernel set
+pinned for both passes where the Hopper path covers the call), ``gluon`` (the Gluon forward with the portable
+backward), ``naive``, ``sdpa_flash``, ``sdpa_cudnn``. Three tables, each with forward, backward and
+forward+backward latency (``triton.testing.do_bench`` median, ms), TFLOP/s
+(``analysis.accounting.attention_flops``) and speed ratios measured in the same run:
+- ``multihead``: (1, 32 heads, S, 128) for S in ``--multihead-seqs`` (4096 ... 65 536) and (4, 16, 4096, 64),
+  causal and not, and GQA (1, 32 query / 8 K/V heads, 8192, 128) causal (SDPA on K/V expanded, untimed), bf16;
 - ``sweep``: batch 1, one head, causal, seq 128 ... 65 536 (powers of two) x head dim 16 ... 128 x bf16, fp32;
 - ``features`` (:mod:`flashattn.bench_features`): grouped-query attention, head dim 256, packed documents and
   a sliding window, each against its reference, with the target it is held to.
@@ -16,7 +21,7 @@ Usage: ``python -m flashattn.bench --out results/`` (``--quick`` for a small sub
 import argparse
 from pathlib import Path
 
-IMPLEMENTATION_NAMES = ("ours", "naive", "sdpa_flash", "sdpa_cudnn")
+IMPLEMENTATION_NAMES = ("ours", "portable", "hopper", "gluon", "naive", "sdpa_flash", "sdpa_cudnn")
 TABLES = ("multihead", "sweep", "features")
 
 
@@ -24,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("flashattn-bench"), help="folder for tables and plot")
     p.add_argument("--seqs", type=int, nargs="+", default=[2**i for i in range(7, 17)], help="sweep lengths")
+    p.add_argument("--multihead-seqs", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536],
+                   help="lengths S of the multihead table's (1, 32, S, 128) rows")  # fmt: skip
     p.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128], help="sweep head dims")
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"],
                    help="sweep dtypes")  # fmt: skip

@@ -10,12 +10,47 @@ import torch
 from harness.environment import environment
 from harness.results import new_figure, save_figure, to_markdown, write_table
 
+from flashattn import benchutil
 from flashattn.bench_features import FEATURE_VARIANTS, feature_table
-from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, matmul_tflops, time_passes
+from flashattn.benchutil import DTYPES, matmul_tflops, time_passes
+from flashattn.dispatch import pinned_kernels
 from flashattn.precompile import Variant, precompile
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
-MULTIHEAD_SHAPES = [(1, 32, s, 128) for s in (4096, 16384, 32768, 65536)] + [(4, 16, 4096, 64)]
+OURS = (
+    "ours",
+    "portable",
+    "hopper",
+    "gluon",
+)  # take K/V with fewer heads; others get them expanded (untimed)
+TFLOPS_COLUMNS = ("ours", "portable", "hopper", "gluon", "sdpa_cudnn")
+# (forward, backward) kernels of each pinned column where the sm90 path covers the call
+PINNED = {
+    "portable": ("portable", "portable"),
+    "hopper": ("hopper", "hopper"),
+    "gluon": ("gluon", "portable"),
+}
+
+
+def _pinned(forward: str, backward: str):
+    """``FlashAttention2Triton`` with these kernels wherever the Hopper path covers the call."""
+
+    def attend(q, k, v, is_causal):
+        with pinned_kernels(forward, backward):
+            return benchutil.FlashAttention2Triton.apply(q, k, v, is_causal)
+
+    return attend
+
+
+# "ours" is what the public names run (on sm90: dispatch.HOPPER_FORWARD, then dispatch.HOPPER_BACKWARD).
+IMPLEMENTATIONS = {**benchutil.IMPLEMENTATIONS} | {name: _pinned(*pair) for name, pair in PINNED.items()}
+
+
+def multihead_cases(seqs: list[int]) -> list[tuple[tuple[int, int, int, int], int, bool]]:
+    """``(shape, kv_heads, causal)``: (1, 32, S, 128) and (4, 16, 4096, 64), causal and not, and GQA
+    (1, 32 query / 8 K/V heads, 8192, 128) causal."""
+    shapes = [(1, 32, s, 128) for s in seqs] + [(4, 16, 4096, 64)]
+    return [(shape, shape[1], c) for shape in shapes for c in (True, False)] + [((1, 32, 8192, 128), 8, True)]
 
 
 def naive_bytes(batch: int, heads: int, seq: int, dtype: torch.dtype) -> int:
@@ -23,26 +58,28 @@ def naive_bytes(batch: int, heads: int, seq: int, dtype: torch.dtype) -> int:
     return batch * heads * seq * seq * (4 * dtype.itemsize + 1)
 
 
-def measure(impl: str, shape: tuple[int, int, int, int], dtype: torch.dtype, args) -> list[dict]:
-    """One implementation at one shape: a row per pass, with ``status`` "ok", "OOM" or "unsupported"."""
+def measure(
+    impl: str, shape: tuple[int, int, int, int], dtype: torch.dtype, args, causal: bool = True,
+    kv_heads: int | None = None,
+) -> list[dict]:  # fmt: skip
+    """One implementation at one shape (``kv_heads`` K/V heads, default ``heads``): a row per pass, with
+    ``status`` "ok", "OOM" or "unsupported"."""
     from analysis.accounting import attention_flops
 
     batch, heads, seq, head_dim = shape
-    base = {
-        "batch": batch,
-        "heads": heads,
-        "seq": seq,
-        "head_dim": head_dim,
-        "dtype": str(dtype)[6:],
-        "impl": impl,
-    }
+    kv_heads = kv_heads or heads
+    base = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "seq": seq, "head_dim": head_dim,
+            "causal": causal, "dtype": str(dtype)[6:], "impl": impl}  # fmt: skip
     free, _ = torch.cuda.mem_get_info()
     if impl == "naive" and naive_bytes(batch, heads, seq, dtype) > 0.9 * free:
         gib = naive_bytes(batch, heads, seq, dtype) / 2**30
         return [{**base, "pass": p, "ms": math.nan, "status": f"OOM (needs ~{gib:.0f} GiB)"} for p in PASSES]
     try:
-        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
-        times = time_passes(IMPLEMENTATIONS[impl], q, k, v, True, args.warmup_ms, args.rep_ms)
+        q = torch.randn(shape, device="cuda", dtype=dtype)
+        k, v = (torch.randn(batch, kv_heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+        if impl not in OURS and kv_heads != heads:
+            k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
+        times = time_passes(IMPLEMENTATIONS[impl], q, k, v, causal, args.warmup_ms, args.rep_ms)
         status = "ok"
     except torch.OutOfMemoryError:
         times, status = {}, "OOM"
@@ -53,7 +90,7 @@ def measure(impl: str, shape: tuple[int, int, int, int], dtype: torch.dtype, arg
     finally:
         q = k = v = None
         torch.cuda.empty_cache()
-    fwd = attention_flops(batch, heads, seq, seq, head_dim, causal=True)
+    fwd = attention_flops(batch, heads, seq, seq, head_dim, causal=causal)
     flops = {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}
     return [
         {**base, "pass": p, "ms": times.get(p, math.nan), "TFLOP/s": flops[p] / times.get(p, math.nan) / 1e9,
@@ -68,23 +105,26 @@ def with_ratios(long: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     long["cell"] = [f"{ms:.3f}" if s == "ok" else s for ms, s in zip(long["ms"], long["status"], strict=True)]
     wide = long.pivot_table(index=[*keys, "pass"], columns="impl", values="cell", aggfunc="first", sort=False)
     ms = long.pivot_table(index=[*keys, "pass"], columns="impl", values="ms", aggfunc="first", sort=False)
-    tflops = long[long["impl"] == "ours"].set_index([*keys, "pass"])["TFLOP/s"]
     wide = wide.add_suffix(" ms")
-    wide["ours TFLOP/s"] = tflops.round(1)
+    for impl in (i for i in TFLOPS_COLUMNS if i in ms.columns):
+        wide[f"{impl} TFLOP/s"] = long[long["impl"] == impl].set_index([*keys, "pass"])["TFLOP/s"].round(1)
     for impl in ms.columns:
         if impl != "ours":
             wide[f"{impl}/ours"] = (ms[impl] / ms["ours"]).round(2)
     return wide.reset_index()
 
 
-def _run_grid(shapes, dtypes, impls, args, label: str) -> pd.DataFrame:
-    rows, cells = [], list(product(shapes, dtypes, impls))
+def _run_grid(cases, dtypes, impls, args, label: str) -> pd.DataFrame:
+    """``cases``: shapes, or ``(shape, kv_heads, causal)`` (a bare shape: causal, all heads for K/V)."""
+    rows, cells = [], list(product(cases, dtypes, impls))
     start = time.perf_counter()
-    for i, (shape, dtype, impl) in enumerate(cells, 1):
-        rows += measure(impl, shape, DTYPES[dtype], args)
+    for i, (case, dtype, impl) in enumerate(cells, 1):
+        shape, kv_heads, causal = case if isinstance(case[0], tuple) else (case, case[1], True)
+        rows += measure(impl, shape, DTYPES[dtype], args, causal, kv_heads)
         fb = rows[-1]
-        print(f"[{label} {i}/{len(cells)} {time.perf_counter() - start:.0f}s] {shape} {dtype} {impl}: "
-              f"fwd+bwd {fb['ms']:.3f} ms {fb['status']}", flush=True)  # fmt: skip
+        print(f"[{label} {i}/{len(cells)} {time.perf_counter() - start:.0f}s] {shape} kv {kv_heads} "
+              f"{'causal' if causal else 'full'} {dtype} {impl}: fwd+bwd {fb['ms']:.3f} ms {fb['status']}",
+              flush=True)  # fmt: skip
         write_table(pd.DataFrame(rows), args.out / f"{label}_cells", formats=("csv",))  # kept if cut short
     return pd.DataFrame(rows)
 
@@ -107,10 +147,13 @@ def run(args) -> None:
     env = environment()
     print(env, flush=True)
     start = time.perf_counter()
-    dims = sorted({*args.head_dims, *(s[3] for s in MULTIHEAD_SHAPES)})
-    variants = [Variant(d, t, True) for d, t in product(dims, args.dtypes)]
+    cases = multihead_cases(args.multihead_seqs)
+    dims = sorted({*args.head_dims, *(shape[3] for shape, _, _ in cases)})
+    variants = [Variant(d, t, c) for d, t, c in product(dims, args.dtypes, (True, False))]
     variants += FEATURE_VARIANTS if "features" in args.only else []
-    precompile(variants, args.jobs)
+    precompile(
+        variants, args.jobs, tuple({PINNED[i] for i in args.impls if i in PINNED} | {PINNED["portable"]})
+    )
     print(f"compiled our kernels in {time.perf_counter() - start:.1f} s", flush=True)
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
@@ -121,8 +164,8 @@ def run(args) -> None:
         print(to_markdown(table, "g"), flush=True)
 
     if "multihead" in args.only:
-        multi = _run_grid(MULTIHEAD_SHAPES, ["bf16"], args.impls, args, "multihead")
-        table = with_ratios(multi, ["batch", "heads", "seq", "head_dim"])
+        multi = _run_grid(cases, ["bf16"], args.impls, args, "multihead")
+        table = with_ratios(multi, ["batch", "heads", "kv_heads", "seq", "head_dim", "causal"])
         table["ours % of matmul"] = (100 * table["ours TFLOP/s"] / peak).round(1)
         publish("multihead", table)
     if "sweep" in args.only:

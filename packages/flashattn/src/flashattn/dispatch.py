@@ -3,26 +3,89 @@
 Paths are tried in the order of :data:`PATHS`; each names why it cannot take a call (``None``: it can). The
 tiled PyTorch version takes everything the input checks accept and ends the list. A CUDA call that ends up
 there warns once per reason (it is orders of magnitude slower); CPU calls have no faster path and do not warn.
-A faster path for some inputs (an sm90 kernel, say) goes first in :data:`PATHS` with a reason function that
-refuses what it does not cover (``window is not None``, ``varlen``, other head dims or dtypes), so those calls
-fall through to Triton.
+
+The Triton path runs one of two kernel sets for each pass (:func:`triton_kernels`): the sm90 kernels of
+:mod:`flashattn.hopper` where they cover the call (H100/H200, bf16/fp16, head dims 64 and 128, no window, not
+packed), else the portable ones. Both read and write the same saved ``O`` and ``L``, so the backward is chosen
+on its own: :data:`HOPPER_FORWARD` and :data:`HOPPER_BACKWARD` name the kernels that measured fastest.
 """
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from flashattn.inputs import Window, check_window
+from flashattn.inputs import Window, as_4d, check_window
+
+FORWARD_KERNELS = ("hopper", "gluon", "portable")  # "gluon": the warp-specialised sm90 forward
+BACKWARD_KERNELS = ("hopper", "portable")
+# The sm90 forward and, per head dim, the backward that follows it, with the measurements behind them
+# (`python -m flashattn.bench` times every kernel set in one run; docs/flashattn.md, Hopper section).
+HOPPER_FORWARD = "gluon"
+HOPPER_FORWARD_WHY = "on the H200 it ran 1.14-1.22x faster than the Triton-language Hopper forward"
+HOPPER_BACKWARD = {64: "hopper", 128: "portable"}
+HOPPER_BACKWARD_WHY = {
+    64: "at (4, 16, 4096, 64) the Hopper backward ran 1.24-1.36x faster than the portable one",
+    128: "at (1, 32, S, 128) the two backwards tied: 0.94-1.06x, no consistent winner",
+}
+_pinned: tuple[str, str] | None = None
 
 
 class Choice(NamedTuple):
-    """The implementation a call takes (``"triton"``, ``"pytorch"``) and the reason, in words."""
+    """The implementation a call takes (``"triton"``, ``"pytorch"``), the reason in words, and the kernels
+    its forward and backward run (``"hopper"``, ``"portable"``, ``"pytorch"``)."""
 
     name: str
     reason: str
+    forward: str
+    backward: str
+
+
+@contextlib.contextmanager
+def pinned_kernels(forward: str, backward: str) -> Iterator[None]:
+    """Run ``forward`` (one of :data:`FORWARD_KERNELS`) and ``backward`` (:data:`BACKWARD_KERNELS`) for every
+    Triton call inside the ``with`` block that the Hopper path covers (the benchmark's columns, tests); others
+    stay portable. The backward is fixed when the forward runs: only the forward call need be inside."""
+    global _pinned
+    for name, kernel, kernels in (
+        ("forward", forward, FORWARD_KERNELS),
+        ("backward", backward, BACKWARD_KERNELS),
+    ):
+        if kernel not in kernels:
+            raise ValueError(f"{name} must be one of {kernels}, got {kernel!r}")
+    previous, _pinned = _pinned, (forward, backward)
+    try:
+        yield
+    finally:
+        _pinned = previous
+
+
+def triton_kernels(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, window: Window = None, varlen: bool = False
+) -> tuple[str, str, str]:
+    """``(forward, backward, why)``: the kernels :class:`flashattn.FlashAttention2Triton` runs for a call,
+    (:data:`FORWARD_KERNELS`, :data:`BACKWARD_KERNELS`), and the reason in words."""
+    from flashattn import hopper
+
+    if window is not None:
+        reason = "sliding windows are not covered"
+    elif varlen:
+        reason = "packed documents are not covered"
+    elif not all(isinstance(t, Tensor) and t.ndim >= 2 for t in (q, k, v)):
+        reason = "q, k, v are not (..., seq, d) tensors"
+    else:
+        reason = hopper.unsupported_reason(as_4d(q), as_4d(k), as_4d(v), is_causal)
+    if reason is not None:
+        return "portable", "portable", f"portable forward and backward (hopper: {reason})"
+    if _pinned is not None:
+        return *_pinned, f"{_pinned[0]} forward, {_pinned[1]} backward (pinned)"
+    head_dim = q.shape[-1]
+    backward = HOPPER_BACKWARD[head_dim]
+    why = f"{HOPPER_FORWARD} forward ({HOPPER_FORWARD_WHY}), "
+    return HOPPER_FORWARD, backward, why + f"{backward} backward ({HOPPER_BACKWARD_WHY[head_dim]})"
 
 
 def _triton_reason(
@@ -48,14 +111,15 @@ def choose(
     for name, why_not in PATHS:
         reason = why_not(q, k, v, is_causal, window, varlen)
         if reason is None:
-            why = f"{name} takes {str(q.dtype)[6:]} on {q.device.type}"
-            return Choice(name, why + (f" ({'; '.join(refusals)})" if refusals else ""))
+            forward, backward, kernels = triton_kernels(q, k, v, is_causal, window, varlen)
+            why = f"{name} takes {str(q.dtype)[6:]} on {q.device.type}: {kernels}"
+            return Choice(name, why + (f" ({'; '.join(refusals)})" if refusals else ""), forward, backward)
         refusals.append(f"{name}: {reason}")
     reason = "pytorch (tiled, slow): " + "; ".join(refusals)
     if q.device.type == "cuda" and reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"flashattn falls back to {reason}", RuntimeWarning, stacklevel=3)
-    return Choice("pytorch", reason)
+    return Choice("pytorch", reason, "pytorch", "pytorch")
 
 
 @torch.compiler.disable

@@ -6,10 +6,13 @@ needs ``seq_q <= seq_k``, bottom-right aligned), any lengths >= 1, and GQA (``k,
 portable kernel of :mod:`flashattn.triton_flash`, whose saved ``lse`` (fp32 ``(batch, heads, seq_q)``, natural
 log) this path reads and writes unchanged, so either backward can follow either forward.
 
-Deterministic: no atomics, every output element written by one program in a fixed order. One compiled kernel
-per (head dim, dtype, causal, tile config) serves every length and head count. The kernels themselves are in
-:mod:`flashattn.hopper_fwd` and :mod:`flashattn.hopper_bwd`; they also run under ``TRITON_INTERPRET=1``
-(fp16 only) for the CPU tests, though :func:`unsupported_reason` sends interpreted calls to the portable path.
+Launchers: :func:`forward` and :func:`backward` (Triton-language kernels of :mod:`flashattn.hopper_fwd` and
+:mod:`flashattn.hopper_bwd`; they also run under ``TRITON_INTERPRET=1``, fp16 only, for the CPU tests, though
+:func:`unsupported_reason` sends interpreted calls to the portable path) and :func:`gluon_forward` (the
+warp-specialised kernel of :mod:`flashattn.gluon_fwd`, GPU only). Which of them the public names run is
+:func:`flashattn.dispatch.triton_kernels`'s choice. Deterministic: no atomics, every output element written by
+one program in a fixed order. One compiled kernel per (head dim, dtype, causal, tile config) serves every
+length and head count.
 """
 
 import contextlib
@@ -49,20 +52,43 @@ class HopperTile(NamedTuple):
     warp_spec: bool = False
 
 
+class GluonTile(NamedTuple):
+    """Launch shape of the Gluon forward: ``consumers`` warpgroups (1 or 2) of ``block_m`` query rows each
+    share ``block_n``-key K/V tiles held in ``stages`` shared-memory slots; ``overlap`` pipelines each
+    warpgroup's key loop (the next ``Q K^T`` issued before the current softmax)."""
+
+    block_m: int = 64
+    block_n: int = 128
+    stages: int = 2
+    consumers: int = 2
+    overlap: bool = True
+
+    def maxnreg(self) -> int:
+        """Registers per thread at entry: the SM's 65 536 over every warp (the loader warp rounds up to a
+        warpgroup), a multiple of 8; the partitions then move registers from the loader to the consumers."""
+        return 65536 // (32 * 4 * (self.consumers + 1)) // 8 * 8
+
+
 class HopperConfigs(NamedTuple):
-    """One :class:`HopperTile` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``."""
+    """One :class:`HopperTile` per Triton-language kernel (``dkdv`` programs own ``block_n`` keys, the others
+    ``block_m``) and the Gluon forward's :class:`GluonTile`."""
 
     forward: HopperTile
     dkdv: HopperTile
     dq: HopperTile
+    gluon: GluonTile = GluonTile()
 
 
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
 # at (1, 32, S, 128), S = 8192 and 32768 (docs/flashattn.md, Hopper section); d 64 follows d 128's reasoning.
+# Gluon: two 64-row consumers and 128-key tiles; at d 128 two K/V slots fill 197 KB of the 227 KB of shared
+# memory (a third would not fit), at d 64 three take 132 KB.
 _CONFIGS: dict[int, HopperConfigs] = {
-    128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
-    64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3)),
-}
+    128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
+                       GluonTile(stages=2)),
+    64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
+                      GluonTile(stages=3)),
+}  # fmt: skip
 _pinned: HopperConfigs | None = None
 
 
@@ -114,13 +140,22 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> str 
     reason = _shape_reason(q, k, v, is_causal)
     if reason is not None:
         return reason
-    if q.device.type != "cuda":
-        return f"q is on {q.device}; the Hopper path needs CUDA tensors"
+    return device_reason(q.device)
+
+
+def device_reason(device: torch.device) -> str | None:
+    """Why tensors on ``device`` cannot take the Hopper kernels (not CUDA, the interpreter, not sm90)."""
+    if device.type != "cuda":
+        return f"q is on {device}; the Hopper path needs CUDA tensors"
     if triton.knobs.runtime.interpret:
         return "TRITON_INTERPRET=1 is set; interpreted calls take the portable kernel"
-    capability = torch.cuda.get_device_capability(q.device)
-    if capability != (9, 0):
-        return f"the GPU has compute capability {capability}; the Hopper path needs (9, 0)"
+    return capability_reason(torch.cuda.get_device_capability(device))
+
+
+def capability_reason(capability: tuple[int, int]) -> str | None:
+    """None for compute capability (9, 0) (H100, H200), else why not: the kernels' wgmma exists only there."""
+    if tuple(capability) != (9, 0):
+        return f"the GPU has compute capability {tuple(capability)}; the Hopper path needs (9, 0)"
     return None
 
 
@@ -166,13 +201,13 @@ def _opts(tile: HopperTile) -> dict:
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
-    """``o`` ``(B, H, Sq, d)`` (contiguous, q's dtype) and fp32 ``lse`` ``(B, H, Sq)`` (natural log)."""
+    """``o`` ``(B, H, Sq, d)`` (q's dtype and layout) and fp32 ``lse`` ``(B, H, Sq)`` (natural log)."""
     _check_shapes(q, k, v, is_causal)
     _check_device(q)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     tile = configs_for(head_dim).forward
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o = torch.empty_like(q)  # q's layout, e.g. the (B, S, H, d) storage of attention layers
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     work = triton.cdiv(seq_q, tile.block_m) * batch * heads
     fwd_kernel[(_n_programs(work, tile, q.device),)](
@@ -184,10 +219,46 @@ def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, T
     return o, lse
 
 
+def gluon_descriptor(t: Tensor, rows: int):
+    """A Gluon TMA descriptor of ``t (B, H, S, d)`` with ``(1, 1, rows, d)`` blocks in the default swizzle."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    block = [1, 1, rows, t.shape[-1]]
+    layout = gl.NVMMASharedLayout.get_default_for(
+        block, gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    )
+    return GluonDescriptor.from_tensor(t, block, layout)
+
+
+def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
+    """:func:`forward` by the warp-specialised Gluon kernel of :mod:`flashattn.gluon_fwd` (sm90 GPUs only):
+    ``o`` ``(B, H, Sq, d)`` and fp32 ``lse`` ``(B, H, Sq)``, natural log."""
+    from flashattn.gluon_fwd import gluon_fwd_kernel
+
+    _check_shapes(q, k, v, is_causal)
+    reason = device_reason(q.device)
+    if reason is not None:
+        raise ValueError(reason)
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    o = torch.empty_like(q)  # q's layout, e.g. the (B, S, H, d) storage of attention layers
+    lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
+    t = configs_for(head_dim).gluon
+    gluon_fwd_kernel[(triton.cdiv(seq_q, t.consumers * t.block_m) * batch * heads,)](
+        gluon_descriptor(q, t.block_m), gluon_descriptor(k, t.block_n), gluon_descriptor(v, t.block_n),
+        gluon_descriptor(o, t.block_m), lse, heads, heads // heads_k, seq_q, seq_k,
+        LOG2E / math.sqrt(head_dim),
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.stages, CAUSAL=is_causal,
+        CONSUMERS=t.consumers, OVERLAP=t.overlap, num_warps=4, maxnreg=t.maxnreg(),
+    )  # fmt: skip
+    return o, lse
+
+
 def backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``dq, dk, dv`` (contiguous, shaped like ``q, k, v``) from the forward's ``o`` and ``lse``."""
+    """``dq, dk, dv`` (in the layouts of ``q, k, v``) from the forward's ``o`` and ``lse``."""
     _check_shapes(q, k, v, is_causal)
     if o.shape != q.shape or do.shape != q.shape:
         raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape {tuple(q.shape)}")
@@ -202,7 +273,7 @@ def backward(
     configs = configs_for(head_dim)
     head_counts = (heads, heads // heads_k)
     qk_scale, sm_scale = LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     delta = torch.empty_like(lse)
 
     t = configs.dq

@@ -1,5 +1,9 @@
 """Ablation of the Hopper attention path against SDPA (cuDNN, flash) and the portable Triton kernel.
 
+Steps: the Triton-language kernels' tile tables (``tma-*``) and the Gluon forward's variants (``gluon-*``,
+:data:`flashattn.gluon_compile.VARIANTS`: the default, without the pipelined key loop, with one consumer
+warpgroup).
+
 One row per (technique step, pass, causal, length): median milliseconds (``triton.testing.do_bench``),
 TFLOP/s (``4 B H Sq Sk d``, halved when causal, x2.5 for the backward), and ratios to SDPA's cuDNN backend and
 to the portable kernel measured in the same run. Each step pins one tile table through
@@ -11,6 +15,8 @@ or gradients (backward), a guard against timing a wrong kernel. Writes ``<out>.c
 
 import argparse
 from pathlib import Path
+
+from flashattn.gluon_compile import VARIANTS as GLUON_VARIANTS
 
 FWD_STEPS = {  # name -> forward tile (block_m, block_n, warps, stages, persistent, tile_major, warp_spec)
     "tma-128x64-s3": (128, 64, 8, 3),
@@ -42,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--fwd-steps", nargs="*", default=list(FWD_STEPS), help=f"of {list(FWD_STEPS)}")
     p.add_argument("--bwd-steps", nargs="*", default=list(BWD_STEPS), help=f"of {list(BWD_STEPS)}")
+    p.add_argument(
+        "--gluon-steps", nargs="*", default=list(GLUON_VARIANTS), help=f"of {list(GLUON_VARIANTS)}"
+    )
     p.add_argument("--rep-ms", type=float, default=300.0, help="do_bench repetition time per measurement")
     p.add_argument("--out", default="hopper-bench", help="output path prefix (.csv and .md are added)")
     return p.parse_args(argv)
@@ -49,6 +58,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _rel_err(x, ref) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
+
+
+def _portable(q, k, v, causal):
+    """The portable kernels for both passes (the public path runs the sm90 forward on this GPU)."""
+    from flashattn.dispatch import pinned_kernels
+    from flashattn.triton_flash import FlashAttention2Triton
+
+    with pinned_kernels("portable", "portable"):
+        return FlashAttention2Triton.apply(q, k, v, causal)
 
 
 def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
@@ -61,7 +79,6 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
     from flashattn import hopper
     from flashattn.benchutil import sdpa
     from flashattn.hopper import HopperConfigs, HopperTile
-    from flashattn.triton_flash import FlashAttention2Triton
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     kv_heads = args.kv_heads or args.heads
@@ -86,7 +103,7 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
     refs = {"sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, enable_gqa=gqa),
             "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION, enable_gqa=gqa)}  # fmt: skip
     if kv_heads == args.heads:
-        refs["portable"] = FlashAttention2Triton.apply
+        refs["portable"] = _portable
     gold = {}
     for name, fn in refs.items():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -108,6 +125,16 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
         with hopper.pinned_configs(configs):
             o, lse = hopper.forward(q, k, v, causal)
             record(name, "fwd", lambda: hopper.forward(q, k, v, causal), _rel_err(o, gold["o"]))
+    for name in args.gluon_steps:
+        gluon = default._replace(gluon=default.gluon._replace(**GLUON_VARIANTS[name]))
+        with hopper.pinned_configs(gluon):
+            o_gluon, _ = hopper.gluon_forward(q, k, v, causal)
+            record(
+                f"gluon-{name}",
+                "fwd",
+                lambda: hopper.gluon_forward(q, k, v, causal),
+                _rel_err(o_gluon, gold["o"]),
+            )
     steps = [("hopper-default", default)]
     steps += [(n, HopperConfigs(default.forward, HopperTile(*kv), HopperTile(*dq)))
               for n, (kv, dq) in BWD_STEPS.items() if n in args.bwd_steps]  # fmt: skip
@@ -123,7 +150,7 @@ def _with_ratios(rows: list[dict], args):
     from analysis.accounting import attention_flops
 
     table = pd.DataFrame(rows)
-    whole = table[~table.step.str.startswith("tma-")]
+    whole = table[~table.step.str.startswith(("tma-", "gluon-"))]
     both = whole.groupby(["seq", "causal", "step"], sort=False).agg(
         ms=("ms", "sum"), err_vs_cudnn=("err_vs_cudnn", "max")
     )

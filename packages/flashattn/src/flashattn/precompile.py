@@ -3,6 +3,9 @@
 Each variant takes seconds to compile and one process compiles one at a time; worker processes fill Triton's
 on-disk cache (``TRITON_CACHE_DIR``) side by side, so the benchmarks and tests that follow only load kernels.
 Lengths, head counts and window sizes are not specialised on, so one tiny run per variant covers them all.
+Where the sm90 kernels of :mod:`flashattn.hopper` cover a variant, the Gluon forward and the Hopper and
+portable forwards and backwards are all built (:data:`SM90_KERNEL_SETS`: what the public path and the
+benchmark's columns run).
 ``--suite`` adds the variants of the GPU tests and of ``flashattn.bench``'s feature table.
 
 Usage: ``python -m flashattn.precompile --head-dims 64 128 --dtypes bf16 fp32 --jobs 12``.
@@ -40,10 +43,16 @@ def suite() -> list[Variant]:
     return dense + features
 
 
-def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
+# (forward, backward) kernel sets built where the sm90 path covers a variant: what the public path and the
+# benchmark's columns can run.
+SM90_KERNEL_SETS = (("portable", "portable"), ("hopper", "hopper"), ("gluon", "portable"))
+
+
+def _compile_one(job: tuple[Variant, tuple]) -> tuple[Variant, float, str]:
     import torch
 
     from flashattn.benchutil import DTYPES
+    from flashattn.dispatch import pinned_kernels, triton_kernels
     from flashattn.triton_flash import (
         FlashAttention2Triton,
         FlashAttentionVarlenTriton,
@@ -51,6 +60,7 @@ def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
         pinned_configs,
     )
 
+    variant, kernel_sets = job
     start = time.perf_counter()
     dtype = DTYPES[variant.dtype]
     configs = variant.configs or configs_for(variant.head_dim, dtype)
@@ -61,10 +71,15 @@ def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
             if variant.varlen:
                 cu = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
                 args = (cu, cu, 200, 200, variant.causal, variant.window)
-                o = FlashAttentionVarlenTriton.apply(q.requires_grad_(), k, v, *args)
+                FlashAttentionVarlenTriton.apply(q.requires_grad_(), k, v, *args).backward(do)
+            elif triton_kernels(q, k, v, variant.causal, variant.window)[0] != "portable":
+                for forward, backward in kernel_sets:
+                    with pinned_kernels(forward, backward):
+                        o = FlashAttention2Triton.apply(q.requires_grad_(), k, v, variant.causal, None)
+                    o.backward(do)
             else:
                 o = FlashAttention2Triton.apply(q.requires_grad_(), k, v, variant.causal, variant.window)
-            o.backward(do)
+                o.backward(do)
         torch.cuda.synchronize()
         status = "ok"
     except Exception as exc:  # a tile shape that does not fit is reported, not fatal
@@ -72,14 +87,16 @@ def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
     return variant, time.perf_counter() - start, status
 
 
-def precompile(variants: list, jobs: int) -> list[tuple[Variant, float, str]]:
-    """One tiny forward+backward per variant (or plain tuple of its fields) in ``jobs`` spawned processes;
-    returns (variant, seconds, status)."""
+def precompile(
+    variants: list, jobs: int, kernel_sets: tuple = SM90_KERNEL_SETS
+) -> list[tuple[Variant, float, str]]:
+    """One tiny forward+backward per variant (or plain tuple of its fields) in ``jobs`` spawned processes,
+    each of ``kernel_sets`` where the sm90 path covers the variant; returns (variant, seconds, status)."""
     import multiprocessing as mp
 
-    variants = [Variant(*v) for v in variants]
-    with mp.get_context("spawn").Pool(max(1, min(jobs, len(variants)))) as pool:
-        return pool.map(_compile_one, variants, chunksize=1)
+    jobs_list = [(Variant(*v), tuple(kernel_sets)) for v in variants]
+    with mp.get_context("spawn").Pool(max(1, min(jobs, len(jobs_list)))) as pool:
+        return pool.map(_compile_one, jobs_list, chunksize=1)
 
 
 def main() -> None:

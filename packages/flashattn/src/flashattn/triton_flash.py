@@ -27,6 +27,8 @@ import torch
 import triton
 from torch import Tensor
 
+from flashattn import hopper
+from flashattn.dispatch import triton_kernels
 from flashattn.inputs import Window, as_4d, check_qkv, right_bound
 from flashattn.interpret import check_interpreted
 from flashattn.triton_bwd import delta_kernel, dkdv_kernel, dq_kernel
@@ -208,6 +210,8 @@ class FlashAttention2Triton(torch.autograd.Function):
     """``FlashAttention2Triton.apply(q, k, v, is_causal=False, window=None) -> o`` on ``(..., H, seq, d)``.
 
     Saves ``L`` ``(..., seq_q)`` fp32 (the only new tensor) and ``q, k, v, o`` for the backward recomputation.
+    Each pass runs the kernels :func:`flashattn.dispatch.triton_kernels` names: the sm90 ones of
+    :mod:`flashattn.hopper` where they cover the call and measured faster, else the portable ones.
     """
 
     @staticmethod
@@ -219,8 +223,15 @@ class FlashAttention2Triton(torch.autograd.Function):
         if reason:
             raise ValueError(reason)
         check_interpreted(q)
+        q4, k4, v4 = as_4d(q), as_4d(k), as_4d(v)
+        forward_kernel, ctx.backward_kernel, _ = triton_kernels(q4, k4, v4, is_causal, window)
         configs = configs_for(q.shape[-1], q.dtype)
-        o, lse = launch_forward(as_4d(q), as_4d(k), as_4d(v), is_causal, configs.forward, window)
+        if forward_kernel == "hopper":
+            o, lse = hopper.forward(q4, k4, v4, is_causal)
+        elif forward_kernel == "gluon":
+            o, lse = hopper.gluon_forward(q4, k4, v4, is_causal)
+        else:
+            o, lse = launch_forward(q4, k4, v4, is_causal, configs.forward, window)
         o, lse = o.reshape(q.shape), lse.reshape(q.shape[:-1])
         ctx.save_for_backward(lse, q, k, v, o)
         ctx.is_causal, ctx.window, ctx.configs = is_causal, window, configs
@@ -229,18 +240,12 @@ class FlashAttention2Triton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         lse, q, k, v, o = ctx.saved_tensors
-        q4 = as_4d(q)
-        dq, dk, dv = run_backward(
-            q4,
-            as_4d(k),
-            as_4d(v),
-            as_4d(o),
-            lse.reshape(q4.shape[:-1]),
-            as_4d(do),
-            ctx.is_causal,
-            ctx.window,
-            ctx.configs,
-        )
+        q4, k4, v4, o4, do4 = (as_4d(t) for t in (q, k, v, o, do))
+        lse4 = lse.reshape(q4.shape[:-1])
+        if ctx.backward_kernel == "hopper":
+            dq, dk, dv = hopper.backward(q4, k4, v4, o4, lse4, do4, ctx.is_causal)
+        else:
+            dq, dk, dv = run_backward(q4, k4, v4, o4, lse4, do4, ctx.is_causal, ctx.window, ctx.configs)
         return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None, None
 
 

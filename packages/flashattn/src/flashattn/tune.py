@@ -27,9 +27,9 @@ CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
            T(64, 128, 8, 3)],
 }  # fmt: skip
 # Head dim 256 doubles every tile's bytes: narrower tiles, two stages (the others are filtered out).
-WIDE = {"forward": [T(64, 64, 4, 2), T(64, 64, 8, 2), T(128, 32, 8, 2), T(64, 32, 4, 3), T(128, 64, 8, 2)],
-        "dkdv": [T(32, 64, 8, 2), T(32, 64, 4, 2), T(16, 64, 4, 2), T(32, 32, 4, 3)],
-        "dq": [T(64, 32, 8, 2), T(64, 32, 4, 2), T(32, 64, 4, 2), T(64, 64, 8, 1)]}  # fmt: skip
+WIDE = {"forward": [T(128, 64, 8, 2), T(64, 64, 4, 2), T(128, 32, 8, 2), T(128, 32, 8, 3), T(64, 32, 4, 3)],
+        "dkdv": [T(32, 64, 8, 2), T(32, 64, 8, 3), T(64, 64, 8, 2), T(32, 32, 4, 3), T(32, 64, 4, 2)],
+        "dq": [T(64, 32, 4, 2), T(64, 32, 4, 3), T(64, 64, 4, 2), T(128, 32, 8, 2)]}  # fmt: skip
 # fp32 inputs: IEEE dots run on the FMA units and take twice the registers per element, so their tiles are a
 # quarter to an eighth of the 16-bit ones; tf32x3 dots (three TF32 tensor-core products) take middle tiles.
 FP32_CANDIDATES = {

@@ -1,0 +1,306 @@
+"""Hopper (sm90) attention forward in Gluon: a TMA producer warp and two consumer warpgroups.
+
+One program owns ``2 * BLOCK_M`` query rows of one (batch, head). Three partitions (``gl.warp_specialize``):
+
+- a load warp (24 registers) brings both query halves once, then streams K and V tiles through ``STAGES``
+  shared-memory slots with the copy engine; each slot has its own ready/empty mbarriers for K and for V, so
+  the first product of a tile starts as soon as its K has landed;
+- two consumer warpgroups (4 warps each, the default partition and one worker), each on ``BLOCK_M`` rows,
+  sharing every K/V tile. Inside a warpgroup, ``S_j = Q K_j^T`` is issued asynchronously before the
+  softmax of ``S_{j-1}`` and the product ``O += P_{j-1} V_{j-1}`` run, so the tensor cores work while the
+  warpgroup does exponentials (FlashAttention-3's intra-warpgroup pipelining); the two warpgroups are not
+  ordered against each other, so the warp schedulers interleave one's softmax with the other's products.
+
+``P`` stays in registers as the A operand of the second product (no shared-memory round trip). Scores are in
+base-2 units (``qk_scale = log2(e) / sqrt(d)``); only tiles at the causal diagonal or the keys' end are
+masked. Tensors are addressed through 4-D ``(batch, heads, seq, d)`` descriptors with ``(1, 1, rows, d)``
+blocks, so the copy engine zero-fills reads past a sequence's end and clips the output store there. ``LSE``
+is written in natural-log units, fp32 ``(batch * heads, seq_q)``, as :mod:`flashattn.hopper_fwd` does.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _load_partition(
+    loads, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr
+):
+    """The producer: every consumer's query rows, then every K and V tile in order through the slots.
+    ``loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)``."""
+    desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv = loads
+    q_smem, k_smem, v_smem = smem
+    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    for half in gl.static_range(CONSUMERS):
+        mbarrier.expect(q_bar.index(half), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            desc_q, [b, h, start_m + half * BLOCK_M, 0], q_bar.index(half), q_smem.index(half)
+        )
+    for j in range(n_kv):
+        slot = j % STAGES
+        free_phase = ((j // STAGES) & 1) ^ 1  # a fresh barrier counts as having completed phase 1
+        mbarrier.wait(k_empty.index(slot), free_phase)
+        mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            desc_k, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot)
+        )
+        mbarrier.wait(v_empty.index(slot), free_phase)
+        mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            desc_v, [b, hk, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot)
+        )
+
+
+@gluon.jit
+def _softmax_step(
+    s, row_max, row_sum, j, mask, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr
+):
+    """Online softmax of score tile ``j``: new row max and sum, the rescale factor, and ``P`` (fp32).
+    ``mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)``: tiles from ``mask_from`` on are masked."""
+    mask_from, offs_m, seq_k, causal_shift, qk_scale = mask
+    s = s * qk_scale
+    if j >= mask_from:
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = offs_n[None, :] < seq_k
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_shift)
+        s = gl.where(visible, s, -float("inf"))
+    new_max = gl.maximum(row_max, gl.max(s, 1))
+    alpha = gl.exp2(row_max - new_max)
+    p = gl.exp2(s - new_max[:, None])
+    row_sum = row_sum * alpha + gl.sum(p, 1)
+    return p, new_max, row_sum, alpha
+
+
+@gluon.jit
+def _overlapped(
+    q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+    p_layout: gl.constexpr,
+):  # fmt: skip
+    """The key loop with ``S_j = Q K_j^T`` issued before ``O += P_{j-1} V_{j-1}`` and the softmax of
+    ``S_j`` computed while that product runs."""
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ring
+    acc, row_max, row_sum = state
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(k_ready.index(0), 0)
+    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    p, row_max, row_sum, alpha = _softmax_step(s, row_max, row_sum, 0, mask, BLOCK_N, CAUSAL, s_layout)
+    p = gl.convert_layout(p.to(q.dtype), p_layout)
+    for j in range(1, n_kv):
+        slot = j % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)  # next scores, issued first
+        prev = (j - 1) % STAGES
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # the scores are done; P V may still run
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        p_next, row_max, row_sum, alpha = _softmax_step(
+            s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, s_layout
+        )
+        p_next = gl.convert_layout(p_next.to(q.dtype), p_layout)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))  # P's registers are free after this
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p = p_next
+    last = (n_kv - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_kv - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+    mbarrier.arrive(v_empty.index(last), count=1)
+    return acc, row_max, row_sum
+
+
+@gluon.jit
+def _sequential(
+    q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+    p_layout: gl.constexpr,
+):  # fmt: skip
+    """The key loop without overlap inside the warpgroup (the ablation's baseline): scores, softmax, P V."""
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ring
+    acc, row_max, row_sum = state
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    for j in range(n_kv):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        p, row_max, row_sum, alpha = _softmax_step(s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, s_layout)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p = gl.convert_layout(p.to(q.dtype), p_layout)
+        mbarrier.wait(v_ready.index(slot), phase)
+        acc = warpgroup_mma(p, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+        mbarrier.arrive(v_empty.index(slot), count=1)
+    return acc, row_max, row_sum
+
+
+@gluon.jit
+def _consumer(
+    part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup's ``BLOCK_M`` query rows (part ``HALF`` of the program's tile) over all key tiles.
+
+    ``part = (out, smem, bars, where)`` with ``out = (desc_o, LSE, o_smem)`` and ``where = (b, bh, h, start_m,
+    n_kv, seq_q, seq_k, qk_scale)``."""
+    out, smem, bars, where = part
+    desc_o, LSE, o_smem = out
+    b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale = where
+    q_smem, k_smem, v_smem = smem
+    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    row0 = start_m + HALF * BLOCK_M
+    offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    causal_shift = seq_k - seq_q
+    if CAUSAL:  # the first key tile that some row of this part cannot fully see
+        mask_from = gl.minimum((row0 + causal_shift + 1) // BLOCK_N, seq_k // BLOCK_N)
+    else:
+        mask_from = seq_k // BLOCK_N
+    state = (
+        gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout),
+        gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout)),
+        gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout)),
+    )
+    mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)
+    ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty)
+    q = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.wait(q_bar.index(HALF), 0)
+    if OVERLAP:
+        acc, row_max, row_sum = _overlapped(
+            q,
+            ring,
+            state,
+            mask,
+            n_kv,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            STAGES,
+            CAUSAL,
+            s_layout,
+            o_layout,
+            p_layout,
+        )
+    else:
+        acc, row_max, row_sum = _sequential(
+            q,
+            ring,
+            state,
+            mask,
+            n_kv,
+            BLOCK_M,
+            BLOCK_N,
+            HEAD_DIM,
+            STAGES,
+            CAUSAL,
+            s_layout,
+            o_layout,
+            p_layout,
+        )
+
+    o = acc / gl.convert_layout(row_sum, gl.SliceLayout(1, o_layout))[:, None]
+    o_tile = o_smem.index(HALF)
+    o_tile.reshape([BLOCK_M, HEAD_DIM]).store(o.to(desc_o.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc_o, [b, h, row0, 0], o_tile)
+    lse = (row_max + gl.log2(row_sum)) * LN2
+    gl.store(LSE + bh.to(gl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer_worker(
+    part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """The second consumer warpgroup: the program's upper ``BLOCK_M`` query rows."""
+    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)
+
+
+@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
+def gluon_fwd_kernel(
+    desc_q, desc_k, desc_v, desc_o, LSE, n_heads, group, seq_q, seq_k, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """Program ``w``: ``CONSUMERS * BLOCK_M`` query rows (one consumer warpgroup each, 1 or 2), heaviest
+    (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a warpgroup."""
+    ROWS: gl.constexpr = CONSUMERS * BLOCK_M
+    n_tiles = gl.cdiv(seq_q, ROWS)
+    w = gl.program_id(0)
+    bh = w // n_tiles
+    start_m = (n_tiles - 1 - w % n_tiles) * ROWS
+    h = bh % n_heads
+    hk = h // group
+    b = bh // n_heads
+    if CAUSAL:
+        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + seq_k - seq_q), BLOCK_N)
+    else:
+        n_kv = gl.cdiv(seq_k, BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
+    o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_o.layout)
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(CONSUMERS):
+        mbarrier.init(q_bar.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases each slot
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+
+    smem = (q_smem, k_smem, v_smem)
+    bars = (q_bar, k_ready, k_empty, v_ready, v_empty)
+    part = ((desc_o, LSE, o_smem), smem, bars, (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale))
+    loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)
+    # workers: the second consumer (4 warps, 240 registers) and the loader (1 warp, 24 registers); the default
+    # partition (the first consumer) gets the rest of maxnreg's budget, also 240 with two consumers
+    if CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+            ],
+            [4, 1],
+            [240, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+            ],
+            [1],
+            [24],
+        )
