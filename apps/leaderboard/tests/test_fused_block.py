@@ -7,7 +7,7 @@ import pytest
 import torch
 from cs336_basics import BasicsTransformerLM, RMSNorm, RotaryEmbedding, SwiGLU, TransformerBlock
 from harness.testing import assert_error_budget, assert_relative_error
-from leaderboard.fused_block import FUSIONS, fuse_block
+from leaderboard.fused_block import FUSIONS, STEP_FUSIONS, fuse_block
 from leaderboard.fused_norm import add_rmsnorm, rmsnorm_keep_input
 from leaderboard.fused_rope import rope_qk
 from leaderboard.fused_swiglu import swiglu
@@ -215,14 +215,15 @@ def block_pair(fusions, dtype, d_model=48, heads=3, d_ff=97, seq=33):
 
 def block_outputs(block, x, upstream):
     x = x.detach().requires_grad_()
-    out = block(x, torch.arange(x.shape[-2]))
+    out = block(x, torch.arange(x.shape[-2], device=x.device))
     params = dict(block.named_parameters())
     gs = torch.autograd.grad(out, [x, *params.values()], upstream)
     return {"out": out, "grad x": gs[0], **{f"grad {n}": g for n, g in zip(params, gs[1:], strict=True)}}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("fusions", [FUSIONS, ("rope",), ("norm",), ("swiglu",)], ids="+".join)
+@pytest.mark.parametrize("fusions", [FUSIONS, STEP_FUSIONS, ("rope",), ("norm",), ("swiglu",), ("ln1",)],
+                         ids="+".join)  # fmt: skip
 def test_fused_block_matches_the_reference_block(fusions, dtype):
     """Every output and gradient (input and each parameter): fp32 equal to the unfused block to rounding,
     bf16 within the error budget of the unfused bf16 block against the block in float64."""
