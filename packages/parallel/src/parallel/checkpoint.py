@@ -229,7 +229,8 @@ def _save_state(model, optimizer, extra) -> dict[str, Any]:
 def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  extra: dict | None = None, *, threads: int = 4) -> None:
     """Write ``model``'s parameters and persistent buffers, ``optimizer``'s state and ``extra`` to the folder
-    ``path`` (collective: call on every rank). ``threads``: writer threads per rank."""
+    ``path`` (collective: call on every rank). ``threads``: writer threads per rank, each copying one tensor
+    at a time to the host (a rank on a GPU holds at most ``threads`` tensors there while saving)."""
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict or None, got {type(extra).__name__}")
     if not isinstance(threads, int) or threads < 1:
@@ -256,8 +257,10 @@ def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
     _barrier()
     try:
         with _quiet_without_group():
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(partial, thread_count=threads),
-                     planner=_SavePlanner())
+            # One file per tensor: torch's writer keeps the host copy of every tensor of a file until the
+            # file is closed, so with one file per thread a GPU rank would hold its whole state on the host.
+            writer = dcp.FileSystemWriter(partial, thread_count=threads, single_file_per_rank=False)
+            dcp.save(state, storage_writer=writer, planner=_SavePlanner())
     except BaseException as err:
         if _rank() == 0:
             shutil.rmtree(partial, ignore_errors=True)
