@@ -7,8 +7,8 @@ import pytest
 import torch
 from cs336_basics import BasicsTransformerLM, RMSNorm, RotaryEmbedding, SwiGLU, TransformerBlock
 from harness.testing import assert_error_budget, assert_relative_error
-from leaderboard.fused_block import FUSIONS, fuse_block
-from leaderboard.fused_norm import add_rmsnorm
+from leaderboard.fused_block import FUSIONS, STEP_FUSIONS, fuse_block
+from leaderboard.fused_norm import add_rmsnorm, rmsnorm_keep_input
 from leaderboard.fused_rope import rope_qk
 from leaderboard.fused_swiglu import swiglu
 from leaderboard.sharding import recomputed
@@ -80,6 +80,26 @@ def test_add_rmsnorm_matches_add_then_rmsnorm(shape, dtype):
     fused = lambda x, delta, w: add_rmsnorm(x, delta, w, eps)
     names = ["normed", "residual", "grad x", "grad delta", "grad weight"]
     compare(fused, module_way, float64_way, [x, delta, weight], upstream, dtype, names)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 8), (2, 17, 97), (97, 40)], ids=str)
+def test_rmsnorm_keep_input_matches_rmsnorm_and_the_identity(shape, dtype):
+    """``(norm(x), x)``: both gradients of x (through the norm and straight through) summed, as the
+    reference block's residual gets them."""
+    torch.manual_seed(6)
+    eps = 1e-5
+    x, weight = torch.randn(shape) * 3, 1 + 0.1 * torch.randn(shape[-1])
+    upstream = [torch.randn(shape), torch.randn(shape)]
+
+    def module_way(x, w):
+        return rmsnorm_module(x, w, eps), x * 1
+
+    def float64_way(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w, x * 1
+
+    fused = lambda x, w: rmsnorm_keep_input(x, w, eps)
+    compare(fused, module_way, float64_way, [x, weight], upstream, dtype, ["normed", "x", "grad x", "grad w"])
 
 
 # ---------------------------------------------------------------------------------------------------- RoPE
@@ -164,14 +184,16 @@ def ones(*shape):
     [
         (lambda: add_rmsnorm(ones(2, 4), ones(2, 5), ones(4), 1e-5), "x and delta must match"),
         (lambda: add_rmsnorm(ones(2, 4), ones(2, 4), ones(5), 1e-5), r"weight must have shape \(4,\)"),
+        (lambda: rmsnorm_keep_input(ones(2, 4), ones(3), 1e-5), r"weight must have shape \(4,\)"),
         (lambda: rope_qk(ones(1, 2, 3, 4), ones(1, 2, 3, 6), torch.arange(3), 1e4), "q and k must be"),
         (lambda: rope_qk(ones(1, 2, 3, 5), ones(1, 2, 3, 5), torch.arange(3), 1e4), "even head dim"),
         (lambda: rope_qk(ones(1, 2, 3, 4), ones(1, 2, 3, 4), torch.arange(4), 1e4), "positions must be"),
         (lambda: swiglu(ones(2, 4), ones(6, 4), ones(6, 4), ones(6, 4)), "do not fit a SwiGLU"),
         (lambda: fuse_block(TransformerBlock(8, 2, 16), ("norm", "qkv")), r"fusions must be among"),
     ],
-    ids=["norm-shapes", "norm-weight", "rope-shapes", "rope-odd", "rope-positions", "swiglu", "fusions"],
-)
+    ids=["norm-shapes", "norm-weight", "norm1-weight", "rope-shapes", "rope-odd", "rope-positions", "swiglu",
+         "fusions"],
+)  # fmt: skip
 def test_bad_input_is_refused_by_name(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -193,14 +215,15 @@ def block_pair(fusions, dtype, d_model=48, heads=3, d_ff=97, seq=33):
 
 def block_outputs(block, x, upstream):
     x = x.detach().requires_grad_()
-    out = block(x, torch.arange(x.shape[-2]))
+    out = block(x, torch.arange(x.shape[-2], device=x.device))
     params = dict(block.named_parameters())
     gs = torch.autograd.grad(out, [x, *params.values()], upstream)
     return {"out": out, "grad x": gs[0], **{f"grad {n}": g for n, g in zip(params, gs[1:], strict=True)}}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("fusions", [FUSIONS, ("rope",), ("norm",), ("swiglu",)], ids="+".join)
+@pytest.mark.parametrize("fusions", [FUSIONS, STEP_FUSIONS, ("rope",), ("norm",), ("swiglu",), ("ln1",)],
+                         ids="+".join)  # fmt: skip
 def test_fused_block_matches_the_reference_block(fusions, dtype):
     """Every output and gradient (input and each parameter): fp32 equal to the unfused block to rounding,
     bf16 within the error budget of the unfused bf16 block against the block in float64."""
@@ -266,9 +289,9 @@ def saved_bytes(block, x):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cudnn", "flash"])
 def test_fused_block_on_cuda_matches_and_keeps_one_tensor_less(backend):
-    """With SDPA's cuDNN / flash kernels in bf16: the fused block (ln1 compiled, as in the step) within the
-    error budget of the compiled unfused block against float64, and its forward keeps at least one
-    (tokens, d_model) tensor less (the attention output is used in place, not copied)."""
+    """With SDPA's cuDNN / flash kernels in bf16: the fused block (as in the step) within the error budget
+    of the compiled unfused block against float64, and its forward keeps no more; with cuDNN (whose output
+    follows q's layout) at least one (tokens, d_model) tensor less: the attention output is not copied."""
     from leaderboard.attention import sdpa
 
     torch.manual_seed(5)
@@ -283,7 +306,7 @@ def test_fused_block_on_cuda_matches_and_keeps_one_tensor_less(backend):
         if name != "unfused":
             blocks[name].load_state_dict(blocks["unfused"].state_dict())
     fuse_block(blocks["fused"])
-    for module in (blocks["unfused"].ln1, blocks["unfused"].ln2, blocks["unfused"].ffn, blocks["fused"].ln1):
+    for module in (blocks["unfused"].ln1, blocks["unfused"].ln2, blocks["unfused"].ffn):
         module.compile()
     x, upstream = (torch.randn(1, tokens, d_model, device=device) for _ in range(2))
     results = {name: block_outputs(block, x.to(next(block.parameters()).dtype),
@@ -294,4 +317,5 @@ def test_fused_block_on_cuda_matches_and_keeps_one_tensor_less(backend):
                             slack=BF16_SLACK, name=name)  # fmt: skip
     x16 = x.bfloat16().requires_grad_()
     kept = {name: saved_bytes(blocks[name], x16) for name in ("unfused", "fused")}
-    assert kept["unfused"] - kept["fused"] >= 0.9 * x16.nbytes, kept
+    least = 0.9 * x16.nbytes if backend == "cudnn" else -0.01 * x16.nbytes
+    assert kept["unfused"] - kept["fused"] >= least, kept

@@ -5,13 +5,14 @@
 
 Variants, each a ``cs336_basics.TransformerBlock`` with the same weights: ``unfused`` (the optimized step
 without ``fused_block``: RMSNorm, RoPE and SwiGLU compiled as one region each), each fusion alone on top
-of it, and all three (the default step's block). The timed step is ``block(x, positions).backward(grad)``
-on one sequence; the variants take turns step by step (in alternating order), so slow drift of the clocks
-falls on all of them alike; the table gives each one's median, its ratio to ``unfused`` and the time it
-saves, beside the saving predicted from the bytes of the passes it removes (``PREDICTED_PASSES``, at
-``--bandwidth``). ``saved_mib``: what the forward keeps for backward (CUDA allocator; the block's input
-and output not counted). ``--recompute ffn`` puts every variant's SwiGLU in the checkpoint wrapper, as the
-8B step's plan does for most blocks. Writes ``fusions.csv`` / ``.md`` / ``.json`` into ``--out``.
+of it, the default step's block (``STEP_FUSIONS``) and that with ``ln1`` too. The timed step is
+``block(x, positions).backward(grad)`` on one sequence; the variants take turns step by step (in
+alternating order), so slow drift of the clocks falls on all of them alike; the table gives each one's
+median, its ratio to ``unfused`` and the time it saves, beside the saving predicted from the bytes of the
+passes it removes (``PREDICTED_PASSES``, at ``--bandwidth``). ``saved_mib``: what the forward keeps for
+backward (CUDA allocator; the block's input and output not counted). ``--recompute ffn`` puts every
+variant's SwiGLU in the checkpoint wrapper, as the 8B step's plan does for most blocks.
+Writes ``fusions.csv`` / ``.md`` / ``.json`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import statistics
 from harness import cli
 
 VARIANTS = {"unfused": (), "+ rope": ("rope",), "+ norm": ("norm",), "+ swiglu": ("swiglu",),
-            "all fused": ("rope", "norm", "swiglu")}  # fmt: skip
+            "+ ln1": ("ln1",), "step (rope, norm, swiglu)": ("rope", "norm", "swiglu"),
+            "step + ln1": ("rope", "norm", "swiglu", "ln1")}  # fmt: skip
 # (forward, backward) passes over one (tokens, d_model) tensor that each fusion removes per block, with
 # cuDNN attention: rope: the copy of the attention output to (tokens, d_model) / the copies of the q, k
-# and output gradients; norm: one read of the sum / the residual-gradient sum (read 2, write 1, less the
-# one extra read); swiglu: the sum of the two input-gradient matmuls (written and read once fewer).
-PREDICTED_PASSES = {"rope": (2, 6), "norm": (1, 2), "swiglu": (0, 2)}
+# and output gradients; norm: one read of the sum / the residual-gradient sum there (read 2, write 1,
+# less the one extra read); swiglu: the sum of the two input-gradient matmuls (written and read once fewer);
+# ln1: the residual-gradient sum at the block's input.
+PREDICTED_PASSES = {"rope": (2, 6), "norm": (1, 2), "swiglu": (0, 2), "ln1": (0, 2)}
 
 
 def parse_args(argv=None):
@@ -71,7 +74,7 @@ def build_variants(args, device, dtype) -> dict:
         state = state or block.state_dict()
         block.load_state_dict(state)
         fuse_block(block, fusions)
-        unfused = [block.ln1]
+        unfused = [] if "ln1" in fusions else [block.ln1]
         unfused += [] if "norm" in fusions else [block.ln2]
         unfused += [] if "swiglu" in fusions else [block.ffn]
         unfused += [] if "rope" in fusions else [rope]
@@ -128,8 +131,8 @@ def measure(args) -> tuple[list[dict], dict]:
             "predicted_passes": passes, "predicted_saved_ms": predicted_ms,
             "saved_mib": saved_mib.get(name, float("nan")),
         })  # fmt: skip
-    config = {k: v for k, v in vars(args).items() if k != "out"}
-    return rows, {**config, "device": str(device), "tensor_mib": tensor_bytes / 2**20}
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "device")}  # the header has the device
+    return rows, {**config, "torch_device": str(device), "tensor_mib": tensor_bytes / 2**20}
 
 
 def main(argv=None) -> None:

@@ -5,8 +5,8 @@ Applied to the unchanged ``cs336_basics.BasicsTransformerLM`` in this fixed orde
    SDPA cuDNN / flash; ``attention.choose_attention``);
 2. ``torch.compile`` of the RMSNorm, RoPE and SwiGLU forwards, one graph each, shared by every block
    (bounded compile time; the attention kernel and the FSDP hooks stay outside the graphs); with
-   ``fused_block``, the fused forwards of ``fused_block`` instead (residual add + RMSNorm, RoPE of q and k
-   in the projections' layout, SwiGLU with its input gradient summed in place), only ``ln1`` compiled apart;
+   ``fused_block``, the fused forwards of ``fused_block`` instead (RMSNorms with the residual's passes
+   folded in, RoPE of q and k in the projections' layout, SwiGLU with its input gradient summed in place);
 3. activation memory only where it pays (``checkpoint_plan``: per block keep, offload to pinned host
    memory, recompute the SwiGLU, or recompute the whole block; or the recipe's fixed counts);
 4. sharding: torch FSDP2 ``fully_shard`` per block and root, or our ``parallel.FSDP`` (flat fp32 shards
@@ -69,20 +69,20 @@ class FusedLossLM(nn.Module):
         return self.lm.lm_head(self.lm.hidden_states(tokens), targets)
 
 
-def compile_block_regions(block: TransformerBlock, fused: bool = False) -> None:
+def compile_block_regions(block: TransformerBlock) -> None:
     """Compile a block's two RMSNorms and its SwiGLU (``nn.Module.compile``; Dynamo caches per forward
-    code object, so every block shares the graphs; the attention kernel and RoPE are compiled apart).
-    ``fused``: ``fuse_block`` was applied, whose pieces are compiled regions already; only ``ln1`` is left."""
-    for module in (block.ln1,) if fused else (block.ln1, block.ln2, block.ffn):
+    code object, so every block shares the graphs; the attention kernel and RoPE are compiled apart)."""
+    for module in (block.ln1, block.ln2, block.ffn):
         module.compile()
 
 
 def prepare_block(recipe: Recipe, block: TransformerBlock) -> None:
-    """The recipe's fusions and compiled regions of one block (the RoPE module, shared, is compiled apart)."""
+    """The recipe's fusions (compiled regions of their own) or else its compiled regions, for one block
+    (the RoPE module, shared by the blocks, is compiled apart)."""
     if recipe.fused_block:
         fuse_block(block)
-    if recipe.compile_regions:
-        compile_block_regions(block, recipe.fused_block)
+    elif recipe.compile_regions:
+        compile_block_regions(block)
 
 
 def _prepare_probe(recipe: Recipe):
