@@ -135,3 +135,45 @@ def test_cuda_offload_frees_device_memory_and_keeps_gradients():
     assert held_offload < held_plain - 0.8 * offloader.bytes_offloaded
     grad_bytes = sum(g.numel() * g.element_size() for g in got)
     assert left <= grad_bytes + (1 << 20)  # only the gradients outlive the step
+
+
+@pytest.mark.parametrize(
+    ("view", "dense"),
+    [
+        (lambda x: x, True),
+        (lambda x: x.transpose(1, 2), True),
+        (lambda x: x.permute(3, 0, 2, 1), True),
+        (lambda x: x[:, :1], False),
+        (lambda x: x[:, :, :7], False),
+        (lambda x: x[..., ::2], False),
+    ],
+)
+def test_dense_means_no_gaps_in_any_dimension_order(view, dense):
+    from leaderboard.offload import _is_dense
+
+    assert _is_dense(view(torch.zeros(2, 3, 17, 5))) is dense
+
+
+def test_offload_moves_most_of_a_blocks_saved_bytes():
+    """The activations of the offloaded blocks (attention scores, SwiGLU inputs, ...) leave, not only a few
+    flat tensors: bytes moved are most of the distinct saved storage of those blocks."""
+    torch.manual_seed(0)
+    cfg = get_preset("tiny").with_(d_model=64, d_ff=176, num_heads=4, num_layers=4, context_length=128)
+    model = build_model(cfg, device="cpu")
+    tokens = torch.randint(0, cfg.vocab_size, (2, 97))
+    storages, inside = {}, []
+    for i in (1, 3):
+        model.layers[i].register_forward_pre_hook(lambda m, a: inside.append(i) and None)
+        model.layers[i].register_forward_hook(lambda m, a, o: inside.clear())
+
+    def count(t):
+        base = t._base if t._base is not None else t
+        if inside and not (base.is_leaf and base.requires_grad):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        model(tokens)
+    offloader = ActivationOffload(model.layers, [1, 3], min_bytes=0)
+    model(tokens)
+    assert offloader.bytes_offloaded > 0.8 * sum(storages.values())

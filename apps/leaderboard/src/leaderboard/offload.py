@@ -41,7 +41,7 @@ from torch import Tensor, nn
 def _is_dense(t: Tensor) -> bool:
     """True when ``t`` covers exactly ``numel`` consecutive elements in some order of its dimensions."""
     expected = 1
-    for size, stride in sorted((s, st) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1):
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1):
         if stride != expected:
             return False
         expected *= size
