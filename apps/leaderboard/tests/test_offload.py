@@ -163,7 +163,7 @@ def test_offload_moves_most_of_a_blocks_saved_bytes():
     tokens = torch.randint(0, cfg.vocab_size, (2, 97))
     storages, inside = {}, []
     for i in (1, 3):
-        model.layers[i].register_forward_pre_hook(lambda m, a: inside.append(i) and None)
+        model.layers[i].register_forward_pre_hook(lambda m, a: inside.append(True) and None)
         model.layers[i].register_forward_hook(lambda m, a, o: inside.clear())
 
     def count(t):
