@@ -106,7 +106,8 @@ def allreduce_1gib() -> str:
 @block("fsdp.ours-busy")
 def ours_busy() -> str:
     """Busy time of our FSDP's profiled step, as ``parallel.trace_plot`` counts it for the figure."""
-    from parallel.trace_plot import gpu_intervals, load_trace, summary
+    from harness.trace import load_trace
+    from parallel.trace_plot import gpu_intervals, summary
 
     from .fmt import ROOT
 

@@ -5,6 +5,7 @@ import json
 
 import pandas as pd
 import pytest
+from harness.trace import load_trace
 from parallel import trace_plot
 
 
@@ -32,7 +33,7 @@ def test_overlap_is_the_share_of_communication_time_under_compute(tmp_path):
         _kernel("ProfilerStep#1", 0, 0, 30000, cat="gpu_user_annotation"),
         {"ph": "i", "name": "instant", "ts": 1},
     ]
-    df = trace_plot.gpu_intervals(trace_plot.load_trace(_write_trace(tmp_path / "t.json.gz", events)))
+    df = trace_plot.gpu_intervals(load_trace(_write_trace(tmp_path / "t.json.gz", events)))
     assert set(df.loc[df["kind"] == "phase", "name"]) == {"backward", "forward"}
     assert df.loc[df["kind"] != "phase", "start_ms"].min() == 0.0
     s = trace_plot.summary(df)
@@ -47,7 +48,7 @@ def test_overlap_is_the_share_of_communication_time_under_compute(tmp_path):
 def test_trace_without_kernels_is_refused(tmp_path):
     path = _write_trace(tmp_path / "cpu.json.gz", [_kernel("aten::mm", 1, 0, 5, cat="cpu_op")])
     with pytest.raises(ValueError, match="no GPU kernels"):
-        trace_plot.gpu_intervals(trace_plot.load_trace(path))
+        trace_plot.gpu_intervals(load_trace(path))
 
 
 def test_benchmark_runs_every_variant_on_cpu_processes(tmp_path):
@@ -90,7 +91,7 @@ def test_benchmark_runs_every_variant_on_cpu_processes(tmp_path):
     assert (tmp_path / "figures" / "ddp-bucket-sweep.png").exists()
     assert len(df) == 13
     # The traced step was recorded (phases and operators), not cleared by a profiler schedule.
-    events = trace_plot.load_trace(tmp_path / "ddp-trace-ddp-fp32.json.gz")
+    events = load_trace(tmp_path / "ddp-trace-ddp-fp32.json.gz")
     names = {e.get("name") for e in events}
     assert {"forward", "backward", "finish_gradient_synchronization", "optimizer"} <= names
     assert any(e.get("cat") == "cpu_op" for e in events)

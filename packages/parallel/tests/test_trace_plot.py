@@ -3,8 +3,10 @@
 import gzip
 import json
 
+import harness.results
 import matplotlib.colors as mcolors
 import pytest
+from harness.trace import load_trace
 from parallel import trace_plot
 
 
@@ -34,7 +36,7 @@ EVENTS = [
 
 
 def test_each_event_is_classed_by_what_it_is_not_by_its_stream(tmp_path):
-    df = trace_plot.gpu_intervals(trace_plot.load_trace(_write_trace(tmp_path / "t.json.gz", EVENTS)))
+    df = trace_plot.gpu_intervals(load_trace(_write_trace(tmp_path / "t.json.gz", EVENTS)))
     kinds = dict(zip(df["name"], df["kind"], strict=False))
     assert kinds["ncclDevKernel_AllReduce_Sum_f32_RING_LL"] == "communication"
     assert kinds["sm90_xmma_gemm"] == kinds["elementwise_kernel"] == "compute"
@@ -54,7 +56,7 @@ def _capture_figure(monkeypatch):
         figures.append(fig)
         return path
 
-    monkeypatch.setattr(trace_plot, "save_figure", keep)
+    monkeypatch.setattr(harness.results, "save_figure", keep)  # trace_plot imports it where used
     return figures
 
 

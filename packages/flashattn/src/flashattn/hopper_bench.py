@@ -40,11 +40,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=32, help="query heads")
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default: --heads")
-    p.add_argument("--dim", type=int, default=128, choices=(64, 128), help="head dim")
+    p.add_argument("--head-dim", type=int, default=128, choices=(64, 128), help="head dim")
     p.add_argument(
         "--seqs", type=int, nargs="+", default=[8192, 32768], help="sequence lengths (seq_q = seq_k)"
     )
-    p.add_argument("--causal", choices=("both", "causal", "full"), default="both")
+    p.add_argument("--causal", choices=("yes", "no", "both"), default="both", help="causal rows or not")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--fwd-steps", nargs="*", default=list(FWD_STEPS), help=f"of {list(FWD_STEPS)}")
     p.add_argument("--bwd-steps", nargs="*", default=list(BWD_STEPS), help=f"of {list(BWD_STEPS)}")
@@ -82,12 +82,13 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     kv_heads = args.kv_heads or args.heads
-    default = hopper.configs_for(args.dim)
+    default = hopper.configs_for(args.head_dim)
     gen = torch.Generator(device="cuda").manual_seed(seq)
-    shape_q, shape_k = (args.batch, args.heads, seq, args.dim), (args.batch, kv_heads, seq, args.dim)
+    d = args.head_dim
+    shape_q, shape_k = (args.batch, args.heads, seq, d), (args.batch, kv_heads, seq, d)
     q, do = (torch.randn(shape_q, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     k, v = (torch.randn(shape_k, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-    flops = attention_flops(args.batch, args.heads, seq, seq, args.dim, causal=causal)
+    flops = attention_flops(args.batch, args.heads, seq, seq, args.head_dim, causal=causal)
 
     def record(step, pas, fn, err=float("nan")):
         ms = do_bench(fn, "cuda", warmup_ms=50, rep_ms=args.rep_ms)
@@ -155,7 +156,7 @@ def _with_ratios(rows: list[dict], args):
         ms=("ms", "sum"), err_vs_cudnn=("err_vs_cudnn", "max")
     )
     both = both.reset_index().assign(**{"pass": "fwd+bwd"})
-    both["tflops"] = [3.5 * attention_flops(args.batch, args.heads, s, s, args.dim, causal=c) / ms / 1e9
+    both["tflops"] = [3.5 * attention_flops(args.batch, args.heads, s, s, args.head_dim, causal=c) / ms / 1e9
                       for s, c, ms in zip(both.seq, both.causal, both.ms, strict=True)]  # fmt: skip
     table = pd.concat([table, both[table.columns]], ignore_index=True)
     key = ["seq", "causal", "pass"]
@@ -173,7 +174,7 @@ def main(argv=None) -> None:
 
     rows: list[dict] = []
     for seq in args.seqs:
-        for causal in {"both": (True, False), "causal": (True,), "full": (False,)}[args.causal]:
+        for causal in {"both": (True, False), "yes": (True,), "no": (False,)}[args.causal]:
             _measure(args, seq, causal, rows)
             torch.cuda.empty_cache()
     table = _with_ratios(rows, args)

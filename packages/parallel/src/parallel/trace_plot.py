@@ -19,14 +19,13 @@ the peers, not only the transfer, so communication is drawn hatched and named "i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-from harness.results import new_figure, save_figure
-from harness.trace import load_trace
+if TYPE_CHECKING:  # pandas, matplotlib and torch are imported where used, so that --help answers at once
+    import pandas as pd
 
 __all__ = [
     "gpu_intervals",
-    "load_trace",
     "overlap_fraction",
     "place_labels",
     "plot_bucket_sweep",
@@ -69,6 +68,8 @@ def gpu_intervals(events: list[dict]) -> pd.DataFrame:
             host_phases.setdefault(name, dict(kind="phase", **row))
     gpu_phases = {r["name"] for r in rows if r["kind"] == "phase"}
     rows += [r for name, r in host_phases.items() if name not in gpu_phases]
+    import pandas as pd
+
     df = pd.DataFrame(rows, columns=["kind", "name", "stream", "start_ms", "end_ms"])
     kernels = df["kind"].isin(["compute", "communication"])
     if not kernels.any():
@@ -183,6 +184,8 @@ def _phases(df: pd.DataFrame) -> pd.DataFrame:
         for name, group in df[df["kind"] == "phase"].groupby("name", sort=False)
         for s, e in _union(list(group[["start_ms", "end_ms"]].itertuples(index=False, name=None)))
     ]
+    import pandas as pd
+
     return pd.DataFrame(merged, columns=["name", "start_ms", "end_ms"]).sort_values("start_ms", kind="stable")
 
 
@@ -228,6 +231,8 @@ def _draw_phases(ax, phases: pd.DataFrame, colors: dict[str, str], y0: float, sp
 
 def plot_timelines(traces: dict[str, str | Path], path: str | Path, title: str = "") -> dict[str, dict]:
     """One panel per labelled trace: GPU events per stream against time, phases shaded; returns summaries."""
+    from harness.results import new_figure, save_figure
+    from harness.trace import load_trace
     from matplotlib.patches import Patch
 
     frames = {label: gpu_intervals(load_trace(p)) for label, p in traces.items()}
@@ -273,6 +278,8 @@ def plot_timelines(traces: dict[str, str | Path], path: str | Path, title: str =
 
 def plot_bucket_sweep(sweep: pd.DataFrame, runs: pd.DataFrame, path: str | Path) -> Path:
     """BucketedDDP step time against bucket size per precision; torch DDP dashed, no communication dotted."""
+    from harness.results import new_figure, save_figure
+
     fig, ax = new_figure(figsize=(6.4, 4))
     for precision, group in sweep[sweep["variant"] == "bucketed"].groupby("precision"):
         group = group.sort_values("bucket_mb")
