@@ -10,15 +10,16 @@ packed), else the portable ones. Both read and write the same saved ``O`` and ``
 on its own: :data:`HOPPER_FORWARD` and :data:`HOPPER_BACKWARD` name the kernels that measured fastest.
 """
 
-import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from flashattn.inputs import Window, as_4d, check_window
+from flashattn.pinning import Pin
 
 FORWARD_KERNELS = ("hopper", "gluon", "portable")  # "gluon": the warp-specialised sm90 forward
 BACKWARD_KERNELS = ("hopper", "portable")
@@ -31,7 +32,7 @@ HOPPER_BACKWARD_WHY = {
     64: "at (4, 16, 4096, 64) the Hopper backward ran 1.24-1.36x faster than the portable one",
     128: "at (1, 32, S, 128) the two backwards tied: 0.94-1.06x, no consistent winner",
 }
-_pinned: tuple[str, str] | None = None
+_pin: Pin[tuple[str, str]] = Pin()
 
 
 class Choice(NamedTuple):
@@ -44,23 +45,17 @@ class Choice(NamedTuple):
     backward: str
 
 
-@contextlib.contextmanager
-def pinned_kernels(forward: str, backward: str) -> Iterator[None]:
+def pinned_kernels(forward: str, backward: str) -> AbstractContextManager[None]:
     """Run ``forward`` (one of :data:`FORWARD_KERNELS`) and ``backward`` (:data:`BACKWARD_KERNELS`) for every
     Triton call inside the ``with`` block that the Hopper path covers (the benchmark's columns, tests); others
     stay portable. The backward is fixed when the forward runs: only the forward call need be inside."""
-    global _pinned
     for name, kernel, kernels in (
         ("forward", forward, FORWARD_KERNELS),
         ("backward", backward, BACKWARD_KERNELS),
     ):
         if kernel not in kernels:
             raise ValueError(f"{name} must be one of {kernels}, got {kernel!r}")
-    previous, _pinned = _pinned, (forward, backward)
-    try:
-        yield
-    finally:
-        _pinned = previous
+    return _pin.pinned((forward, backward))
 
 
 def triton_kernels(
@@ -80,8 +75,8 @@ def triton_kernels(
         reason = hopper.unsupported_reason(as_4d(q), as_4d(k), as_4d(v), is_causal)
     if reason is not None:
         return "portable", "portable", f"portable forward and backward (hopper: {reason})"
-    if _pinned is not None:
-        return *_pinned, f"{_pinned[0]} forward, {_pinned[1]} backward (pinned)"
+    if (pinned := _pin.value) is not None:
+        return *pinned, f"{pinned[0]} forward, {pinned[1]} backward (pinned)"
     head_dim = q.shape[-1]
     backward = HOPPER_BACKWARD[head_dim]
     why = f"{HOPPER_FORWARD} forward ({HOPPER_FORWARD_WHY}), "

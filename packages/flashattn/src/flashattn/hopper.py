@@ -15,10 +15,9 @@ one program in a fixed order. One compiled kernel per (head dim, dtype, causal, 
 length and head count.
 """
 
-import contextlib
 import functools
 import math
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 import torch
@@ -29,6 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from flashattn.hopper_bwd import dkdv_kernel, dq_kernel
 from flashattn.hopper_fwd import fwd_kernel
 from flashattn.interpret import check_interpreted
+from flashattn.pinning import Pin
 
 LOG2E = math.log2(math.e)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -89,23 +89,17 @@ _CONFIGS: dict[int, HopperConfigs] = {
     64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
                       GluonTile(stages=3)),
 }  # fmt: skip
-_pinned: HopperConfigs | None = None
+_pin: Pin[HopperConfigs] = Pin()
 
 
 def configs_for(head_dim: int) -> HopperConfigs:
     """The tile table's entry for ``head_dim``, or the one pinned by :func:`pinned_configs`."""
-    return _pinned if _pinned is not None else _CONFIGS[head_dim]
+    return _pin.value if _pin.value is not None else _CONFIGS[head_dim]
 
 
-@contextlib.contextmanager
-def pinned_configs(configs: HopperConfigs) -> Iterator[None]:
+def pinned_configs(configs: HopperConfigs) -> AbstractContextManager[None]:
     """Use ``configs`` for every launch inside the ``with`` block (tests and the ablation pin them)."""
-    global _pinned
-    previous, _pinned = _pinned, configs
-    try:
-        yield
-    finally:
-        _pinned = previous
+    return _pin.pinned(configs)
 
 
 def _shape_reason(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> str | None:

@@ -9,9 +9,10 @@ queries against 32-key steps, 4 warps; two stages each, to fit shared memory, :f
 :data:`SHARED_MEMORY_BYTES`); the fp32 entry at 256 is half that, unpipelined, by the same reasoning.
 """
 
-import contextlib
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import NamedTuple
+
+from flashattn.pinning import Pin
 
 SHARED_MEMORY_BYTES = 227 * 1024  # one Hopper thread block's opt-in maximum
 X3 = "tf32x3"
@@ -53,7 +54,7 @@ _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
     (32, False): KernelConfigs(T(128, 64, 8, 2, X3), T(32, 128, 8, 2, X3), T(128, 32, 8, 2, X3)),
     (16, False): KernelConfigs(T(128, 64, 8, 2, X3), T(32, 128, 8, 2, X3), T(128, 32, 8, 2, X3)),
 }
-_pinned: KernelConfigs | None = None
+_pin: Pin[KernelConfigs] = Pin()
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -63,8 +64,8 @@ def padded_head_dim(head_dim: int) -> int:
 
 def configs_for(head_dim: int, dtype) -> KernelConfigs:
     """The tile table's entry for ``head_dim`` and ``dtype``, or the one pinned by :func:`pinned_configs`."""
-    if _pinned is not None:
-        return _pinned
+    if _pin.value is not None:
+        return _pin.value
     return _CONFIGS[(padded_head_dim(head_dim), dtype.itemsize < 4)]  # fp16 / bf16, or fp32
 
 
@@ -86,12 +87,6 @@ def shared_bytes(kernel: str, cfg: TileConfig, head_dim: int, itemsize: int) -> 
     return elements * itemsize
 
 
-@contextlib.contextmanager
-def pinned_configs(configs: KernelConfigs) -> Iterator[None]:
+def pinned_configs(configs: KernelConfigs) -> AbstractContextManager[None]:
     """Use ``configs`` for every launch inside the ``with`` block (tests pin one, to be reproducible)."""
-    global _pinned
-    previous, _pinned = _pinned, configs
-    try:
-        yield
-    finally:
-        _pinned = previous
+    return _pin.pinned(configs)
