@@ -3,6 +3,8 @@ outputs and gradients in fp32 and bf16 (bf16 within about twice the reference mo
 awkward sizes, the layouts the fusions promise, and whole blocks and a small model equal to the unfused
 ones."""
 
+import dataclasses
+
 import pytest
 import torch
 from cs336_basics import BasicsTransformerLM, RMSNorm, RotaryEmbedding, SwiGLU, TransformerBlock
@@ -305,9 +307,9 @@ def test_fused_block_on_cuda_matches_and_keeps_one_tensor_less(backend):
                                         device, dtype)  # fmt: skip
         if name != "unfused":
             blocks[name].load_state_dict(blocks["unfused"].state_dict())
-    fuse_block(blocks["fused"])
-    for module in (blocks["unfused"].ln1, blocks["unfused"].ln2, blocks["unfused"].ffn):
-        module.compile()
+    for module in [*fuse_block(blocks["fused"]), blocks["unfused"].ln1, blocks["unfused"].ln2,
+                   blocks["unfused"].ffn]:  # fmt: skip
+        module.compile()  # both as the step builds them
     x, upstream = (torch.randn(1, tokens, d_model, device=device) for _ in range(2))
     results = {name: block_outputs(block, x.to(next(block.parameters()).dtype),
                                    upstream.to(next(block.parameters()).dtype))
@@ -319,3 +321,19 @@ def test_fused_block_on_cuda_matches_and_keeps_one_tensor_less(backend):
     kept = {name: saved_bytes(blocks[name], x16) for name in ("unfused", "fused")}
     least = 0.9 * x16.nbytes if backend == "cudnn" else -0.01 * x16.nbytes
     assert kept["unfused"] - kept["fused"] >= least, kept
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_step_compiles_every_region_the_fusions_leave(fused):
+    """As the step prepares a block: every module whose own forward still runs is a compiled region (an
+    eager RMSNorm in bf16 would keep an fp32 copy of its input), and the fused ones are left as fused."""
+    from leaderboard.optimized import prepare_block
+    from leaderboard.recipes import get_recipe
+
+    block = TransformerBlock(48, 3, 97, RotaryEmbedding(10000.0, 16, 33))
+    recipe = dataclasses.replace(get_recipe("leaderboard-8b"), fused_block=fused, compile_regions=True)
+    prepare_block(recipe, block)
+    still_run = [block.ln1] if fused else [block.ln1, block.ln2, block.ffn]
+    assert all(m._compiled_call_impl is not None for m in still_run)
+    if fused:
+        assert block.ln2._compiled_call_impl is None and block.ffn._compiled_call_impl is None

@@ -73,12 +73,8 @@ def build_variants(args, device, dtype) -> dict:
         block = TransformerBlock(args.d_model, args.heads, args.d_ff, rope, attention, device, dtype)
         state = state or block.state_dict()
         block.load_state_dict(state)
-        fuse_block(block, fusions)
-        unfused = [] if "ln1" in fusions else [block.ln1]
-        unfused += [] if "norm" in fusions else [block.ln2]
-        unfused += [] if "swiglu" in fusions else [block.ffn]
-        unfused += [] if "rope" in fusions else [rope]
-        for module in unfused:  # as optimized.compile_block_regions: one region per unfused module
+        unfused = fuse_block(block, fusions) + ([] if "rope" in fusions else [rope])
+        for module in unfused:  # as the step does: one region per unfused module
             module.compile()
         if args.recompute == "ffn":
             block.ffn = recomputed(block.ffn)

@@ -61,10 +61,11 @@ def _swiglu_forward(self: SwiGLU, x: Tensor) -> Tensor:
     return swiglu(x, self.w1.weight, self.w3.weight, self.w2.weight)
 
 
-def fuse_block(block: TransformerBlock, fusions: tuple[str, ...] = STEP_FUSIONS) -> None:
+def fuse_block(block: TransformerBlock, fusions: tuple[str, ...] = STEP_FUSIONS) -> list[torch.nn.Module]:
     """Apply ``fusions`` (a subset of ``FUSIONS``) to ``block`` in place; call before wrapping its modules
-    (checkpointing, sharding). Modules whose forward is not replaced (and still runs) are left as they are:
-    compile them as regions of their own."""
+    (checkpointing, sharding). Returns the block's modules whose own forward still runs (``ln1``, ``ln2``,
+    ``ffn`` where not fused): compile each as a region of its own, or it runs eagerly (in bf16 an eager
+    RMSNorm keeps an fp32 copy of its input for backward)."""
     unknown = set(fusions) - set(FUSIONS)
     if unknown:
         raise ValueError(f"fusions must be among {FUSIONS}, got {sorted(unknown)}")
@@ -76,3 +77,5 @@ def fuse_block(block: TransformerBlock, fusions: tuple[str, ...] = STEP_FUSIONS)
         block.forward = functools.partial(_block_forward, block, ln1="ln1" in fusions, norm="norm" in fusions)
     if "swiglu" in fusions:
         block.ffn.forward = types.MethodType(_swiglu_forward, block.ffn)
+    unfused = {"ln1": block.ln1, "norm": block.ln2, "swiglu": block.ffn}
+    return [module for name, module in unfused.items() if name not in fusions]

@@ -8,7 +8,7 @@ In backward each group is brought back one offloaded block ahead of its use.
 
 Synchronization (CUDA; one D2H and one H2D side stream per device):
 - end of an offloaded block's forward: the D2H stream waits for the compute stream (the saved tensors are
-  written), copies every saved tensor into pinned memory and records ``copied``; each device tensor is
+  written), copies every saved storage range into pinned memory and records ``copied``; each device range is
   marked ``record_stream(d2h)`` before it is dropped, so the allocator reuses its memory only after the
   copy has read it;
 - end of the next offloaded block's forward: the compute stream waits for the previous group's
@@ -24,9 +24,11 @@ Synchronization (CUDA; one D2H and one H2D side stream per device):
 
 On a CPU the same path runs without streams or pinning (a plain copy out and back), so tests exercise it.
 
-Not offloaded (kept on the device as autograd saved them): CUDA tensors below ``min_bytes``, tensors that are
-not dense (views with gaps), and parameters or views of a leaf that requires grad (weights, including
-``parallel.FSDP``'s gathered buffers: they exist anyway and are re-gathered for backward).
+Views of one storage are copied once: each group copies, per storage, the byte range its saved views read
+(strided views and views with gaps included) and rebuilds every view on the fetched copy. Not offloaded (kept
+on the device as autograd saved them): CUDA tensors below ``min_bytes``, views whose storage range is over
+twice their bytes (a small view of a large buffer), and parameters or views of a leaf that requires grad
+(weights, including ``parallel.FSDP``'s gathered buffers: they exist anyway and are re-gathered for backward).
 """
 
 from __future__ import annotations
@@ -38,14 +40,11 @@ import torch
 from torch import Tensor, nn
 
 
-def _is_dense(t: Tensor) -> bool:
-    """True when ``t`` covers exactly ``numel`` consecutive elements in some order of its dimensions."""
-    expected = 1
-    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+def _extent_bytes(t: Tensor) -> tuple[int, int]:
+    """The byte range ``[start, end)`` of ``t``'s storage that ``t`` reads (any strides, gaps included)."""
+    size = t.element_size()
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    return t.storage_offset() * size, (last + 1) * size
 
 
 def _parameter_like(t: Tensor) -> bool:
@@ -53,24 +52,56 @@ def _parameter_like(t: Tensor) -> bool:
     return isinstance(t, nn.Parameter) or (base.is_leaf and base.requires_grad)
 
 
-class _Saved:
-    """One saved tensor of a group: on the device until offloaded, then on the host, then fetched back."""
+class _Chunk:
+    """The part of one device storage that a group's saved views read, copied out once for all of them:
+    bytes ``[start, end)`` of the storage (``start`` rounded down to 16 so every view's offset stays
+    aligned for its dtype)."""
 
-    __slots__ = ("device_tensor", "fetched", "group", "host", "waited")
+    __slots__ = ("end", "host", "start", "view_bytes", "views")
 
-    def __init__(self, group: _Group, tensor: Tensor):
-        self.group, self.device_tensor = group, tensor
+    def __init__(self):
+        self.start, self.end, self.view_bytes = None, 0, 0
+        self.views: list[_Saved] = []
         self.host: Tensor | None = None
-        self.fetched: Tensor | None = None
+
+    def add(self, saved: _Saved, t: Tensor) -> None:
+        first, last = _extent_bytes(t)
+        self.start = first // 16 * 16 if self.start is None else min(self.start, first // 16 * 16)
+        self.end = max(self.end, last)
+        self.view_bytes += t.numel() * t.element_size()
+        self.views.append(saved)
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+class _Saved:
+    """One saved view: the original tensor until its chunk is offloaded, then rebuilt from the chunk."""
+
+    __slots__ = ("dtype", "group", "offset", "shape", "stride", "tensor", "waited")
+
+    def __init__(self, group: _Group, t: Tensor):
+        self.group, self.tensor = group, t
+        self.shape, self.stride, self.dtype = tuple(t.shape), t.stride(), t.dtype
+        self.offset = t.storage_offset() * t.element_size()  # bytes from the storage's start
         self.waited = False
+
+    def rebuild(self, buffer: Tensor, start: int) -> None:
+        """Point this view at ``buffer``: a uint8 copy of its storage from byte ``start`` (16-aligned, the
+        length a multiple of 16)."""
+        elements = (self.offset - start) // self.dtype.itemsize
+        self.tensor = buffer.view(self.dtype).as_strided(self.shape, self.stride, elements)
 
 
 class _Group:
-    """The saved tensors of one offloaded block's forward, deduplicated by storage and geometry."""
+    """The saved views of one offloaded block's forward (deduplicated by storage and geometry, while the
+    forward runs) and the storage chunks they read, one per storage."""
 
     def __init__(self, index: int):
         self.index = index
         self.saved: dict[tuple, _Saved] = {}
+        self.chunks: dict[int, _Chunk] = {}
         self.copied: torch.cuda.Event | None = None
         self.fetched: torch.cuda.Event | None = None
         self.fetch_started = False
@@ -135,6 +166,7 @@ class ActivationOffload:
                 self.bytes_offloaded = 0
             group = self.groups[position]
             group.saved.clear()
+            group.chunks.clear()
             group.copied = group.fetched = group.device = None
             group.fetch_started = False
             self._active = group
@@ -172,15 +204,19 @@ class ActivationOffload:
         group = self._active
         if (
             group is None
+            or t.numel() == 0
             or (t.is_cuda and t.numel() * t.element_size() < self.min_bytes)
-            or not _is_dense(t)
             or _parameter_like(t)
         ):
             return t
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
         saved = group.saved.get(key)
         if saved is None:
             saved = group.saved[key] = _Saved(group, t)
+            if storage.data_ptr() not in group.chunks:
+                group.chunks[storage.data_ptr()] = _Chunk()
+            group.chunks[storage.data_ptr()].add(saved, t)
         return saved
 
     def _side_streams(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
@@ -189,10 +225,13 @@ class ActivationOffload:
         return self._streams[device]
 
     def _offload(self, group: _Group) -> None:
-        saved = list(group.saved.values())
-        if not saved:
+        """Copy each chunk out once; a chunk whose range is over twice its views' bytes (a small view of a
+        large buffer) stays on the device with its views."""
+        group.saved = {}  # from here autograd holds the views; the chunks know theirs
+        group.chunks = {p: c for p, c in group.chunks.items() if c.nbytes <= 2 * c.view_bytes}
+        if not group.chunks:
             return
-        device = saved[0].device_tensor.device
+        device = next(iter(group.chunks.values())).views[0].tensor.device
         on_cuda = device.type == "cuda"
         context = contextlib.nullcontext()
         if on_cuda:
@@ -200,16 +239,17 @@ class ActivationOffload:
             d2h.wait_stream(torch.cuda.current_stream(device))
             context = torch.cuda.stream(d2h)
         with context:
-            for s in saved:
-                t = s.device_tensor
-                s.host = torch.empty_strided(
-                    t.shape, t.stride(), dtype=t.dtype, device="cpu", pin_memory=on_cuda
-                )
-                s.host.copy_(t, non_blocking=on_cuda)
+            for chunk in group.chunks.values():
+                piece = chunk.views[0].tensor.new_empty(0, dtype=torch.uint8)
+                piece.set_(chunk.views[0].tensor.untyped_storage())
+                piece = piece[chunk.start : chunk.end]
+                chunk.host = torch.empty(-(-chunk.nbytes // 16) * 16, dtype=torch.uint8, pin_memory=on_cuda)
+                chunk.host[: chunk.nbytes].copy_(piece, non_blocking=on_cuda)
                 if on_cuda:
-                    t.record_stream(d2h)
-                s.device_tensor = None
-                self.bytes_offloaded += t.numel() * t.element_size()
+                    piece.record_stream(d2h)
+                for saved in chunk.views:
+                    saved.tensor = None
+                self.bytes_offloaded += chunk.nbytes
             if on_cuda:
                 group.copied = d2h.record_event()
         group.device = device
@@ -221,10 +261,9 @@ class ActivationOffload:
         group.fetch_started = True
         device = group.device
         on_cuda = device.type == "cuda"
-        buffers = [
-            torch.empty_strided(s.host.shape, s.host.stride(), dtype=s.host.dtype, device=device)
-            for s in group.saved.values()
-        ]  # on the compute stream, which owns (and may just have freed) this memory
+        chunks = list(group.chunks.values())
+        # allocated on the compute stream, which owns (and may just have freed) this memory
+        buffers = [torch.empty(c.host.numel(), dtype=torch.uint8, device=device) for c in chunks]
         context = contextlib.nullcontext()
         if on_cuda:
             _, h2d = self._side_streams(device)
@@ -232,22 +271,22 @@ class ActivationOffload:
             h2d.wait_event(group.copied)
             context = torch.cuda.stream(h2d)
         with context:
-            for s, buffer in zip(group.saved.values(), buffers, strict=True):
-                buffer.copy_(s.host, non_blocking=on_cuda)
+            for chunk, buffer in zip(chunks, buffers, strict=True):
+                buffer.copy_(chunk.host, non_blocking=on_cuda)
                 if on_cuda:
                     buffer.record_stream(h2d)
-                s.fetched, s.host = buffer, None
+                for saved in chunk.views:
+                    saved.rebuild(buffer, chunk.start)
             if on_cuda:
                 group.fetched = h2d.record_event()
-        group.saved = {}  # from here autograd's saved variables alone hold the fetched tensors
+        group.chunks = {}  # from here autograd's saved views alone hold the fetched buffers
 
     def _unpack(self, packed):
         if not isinstance(packed, _Saved):
             return packed
         group = packed.group
         self._fetch(group)  # normally started one block earlier; here only if no trigger ran
-        tensor = packed.fetched
         if group.fetched is not None and not packed.waited:
             torch.cuda.current_stream(group.device).wait_event(group.fetched)
             packed.waited = True
-        return tensor
+        return packed.tensor

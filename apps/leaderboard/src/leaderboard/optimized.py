@@ -77,10 +77,11 @@ def compile_block_regions(block: TransformerBlock) -> None:
 
 
 def prepare_block(recipe: Recipe, block: TransformerBlock) -> None:
-    """The recipe's fusions (compiled regions of their own) or else its compiled regions, for one block
-    (the RoPE module, shared by the blocks, is compiled apart)."""
+    """The recipe's fusions (compiled regions of their own) and the modules they leave compiled, or else its
+    compiled regions, for one block (the RoPE module, shared by the blocks, is compiled apart)."""
     if recipe.fused_block:
-        fuse_block(block)
+        for module in fuse_block(block):
+            module.compile()
     elif recipe.compile_regions:
         compile_block_regions(block)
 
