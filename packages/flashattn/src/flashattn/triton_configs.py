@@ -34,16 +34,21 @@ class TileConfig(NamedTuple):
 
 
 class KernelConfigs(NamedTuple):
-    """One :class:`TileConfig` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``."""
+    """One :class:`TileConfig` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``.
+
+    With ``dv`` set, dK and dV run as two programs of one accumulator each: dK with ``dkdv``'s tiles, dV
+    with ``dv``'s (one more ``Q K^T`` product per tile, in exchange for half the registers).
+    """
 
     forward: TileConfig
     dkdv: TileConfig
     dq: TileConfig
+    dv: TileConfig | None = None
 
 
 T = TileConfig
 _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
-    (256, True): KernelConfigs(T(128, 64, 8, 2), T(32, 64, 8, 2), T(64, 32, 4, 2)),
+    (256, True): KernelConfigs(T(128, 64, 8, 2), T(64, 64, 8, 2), T(64, 32, 4, 2), T(64, 64, 8, 2)),
     (128, True): KernelConfigs(T(128, 64, 8, 3), T(64, 128, 8, 3), T(128, 64, 8, 3)),
     (64, True): KernelConfigs(T(128, 64, 4, 3), T(64, 128, 8, 3), T(128, 64, 8, 3)),
     (32, True): KernelConfigs(T(128, 64, 4, 3), T(64, 64, 4, 3), T(64, 64, 4, 3)),
@@ -77,12 +82,12 @@ def table() -> dict[tuple[int, bool], KernelConfigs]:
 def shared_bytes(kernel: str, cfg: TileConfig, head_dim: int, itemsize: int) -> int:
     """Shared memory of a kernel's pipelined tiles: the tile it keeps plus ``num_stages`` of what it streams.
 
-    Forward keeps ``q`` and streams ``k, v``; dQ keeps ``q, dO`` and streams ``k, v``; dK/dV keeps ``k, v``
-    and streams ``q, dO``; plus one probability tile for the second dot.
+    Forward keeps ``q`` and streams ``k, v``; dQ keeps ``q, dO`` and streams ``k, v``; dK/dV (and dK alone)
+    keeps ``k, v`` and streams ``q, dO``; dV alone keeps ``k``; plus one probability tile for the second dot.
     """
     d = padded_head_dim(head_dim)
-    kept, streamed = {"forward": (1, 2), "dq": (2, 2), "dkdv": (2, 2)}[kernel]
-    own, other = (cfg.block_n, cfg.block_m) if kernel == "dkdv" else (cfg.block_m, cfg.block_n)
+    kept, streamed = {"forward": (1, 2), "dq": (2, 2), "dkdv": (2, 2), "dk": (2, 2), "dv": (1, 2)}[kernel]
+    own, other = (cfg.block_n, cfg.block_m) if kernel in ("dkdv", "dk", "dv") else (cfg.block_m, cfg.block_n)
     elements = kept * own * d + cfg.num_stages * streamed * other * d + own * other
     return elements * itemsize
 
