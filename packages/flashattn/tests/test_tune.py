@@ -1,10 +1,10 @@
 """The tile table and the tune's candidate lists: every shape fits shared memory, the split dK/dV programs
-are offered where the table uses them, and the compiled candidate sets cover every candidate."""
+are offered where the table uses them, and the compile jobs cover every candidate."""
 
 import pytest
 import torch
 from flashattn.triton_configs import SHARED_MEMORY_BYTES, padded_head_dim, shared_bytes, table
-from flashattn.tune import candidate_sets, candidates_for
+from flashattn.tune import candidates_for, compile_jobs
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 192, 256])
@@ -35,15 +35,11 @@ def test_table_fits_shared_memory_and_splits_only_wide_16_bit_heads():
     assert padded_head_dim(192) == 256 and padded_head_dim(80) == 128
 
 
-def test_candidate_sets_cover_every_candidate():
+def test_compile_jobs_cover_every_candidate_and_the_forward_lse():
     lists = candidates_for(torch.bfloat16, 256)
     base = table()[(256, True)]
-    sets = candidate_sets(lists, base)
-    fused = [s for s in sets if s.dv is None]
-    split = [s for s in sets if s.dv is not None]
-    assert {s.forward for s in sets} == set(lists["forward"])
-    assert {s.dq for s in sets} == set(lists["dq"])
-    assert {s.dkdv for s in fused} == set(lists["dkdv"])
-    assert {s.dkdv for s in split} == set(lists["dk"]) and {s.dv for s in split} == set(lists["dv"])
-    only_dk = candidate_sets({"dk": lists["dk"]}, base)
-    assert all(s.forward == base.forward and s.dq == base.dq and s.dv == base.dv for s in only_dk[1::2])
+    jobs = compile_jobs(lists, base)
+    assert sorted(jobs) == sorted((k, c) for k, v in lists.items() for c in v)
+    only_split = {k: lists[k] for k in ("dk", "dv")}
+    jobs = compile_jobs(only_split, base)
+    assert jobs[-1] == ("forward", base.forward) and len(jobs) == len(lists["dk"]) + len(lists["dv"]) + 1

@@ -12,10 +12,19 @@ fp32 accumulators crowd the registers beside the recomputed probabilities, so dV
 import triton
 import triton.language as tl
 
-from flashattn.triton_fwd import LOG2E, column_ranges, load_tile, program_ids, spans, store_tile, visible
+from flashattn.triton_fwd import (
+    LOG2E,
+    LSE_STRIDES,
+    column_ranges,
+    load_tile,
+    program_ids,
+    spans,
+    store_tile,
+    visible,
+)
 
 
-@triton.jit(do_not_specialize=["q_heads", "seq_q", "head_dim"])
+@triton.jit(do_not_specialize=["q_heads", "seq_q", "head_dim", *LSE_STRIDES])
 def delta_kernel(
     OUT, DO, DELTA, CU_Q,
     stride_ob, stride_oh, stride_os, stride_od,
@@ -74,7 +83,9 @@ def _dkdv_inner(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["kv_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right"])
+@triton.jit(
+    do_not_specialize=["kv_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right", *LSE_STRIDES]
+)
 def dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qs, stride_qd,
@@ -164,7 +175,9 @@ def _dq_inner(
     return dq
 
 
-@triton.jit(do_not_specialize=["q_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right"])
+@triton.jit(
+    do_not_specialize=["q_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right", *LSE_STRIDES]
+)
 def dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qs, stride_qd,

@@ -5,7 +5,8 @@ shapes known to suit Hopper (128-query forward tiles; 8 warps once the fp32 accu
 pipeline stages), and each kernel is timed alone with ``triton.testing.do_bench`` (median), next to SDPA's
 flash and cuDNN backends. 16-bit inputs also time dK and dV as separate programs (``dk``, ``dv``: the split
 the table uses above head dim 128), and the summary line sets the best split pair against the best fused
-dK/dV. Candidates are compiled in parallel first (:mod:`flashattn.precompile`).
+dK/dV. Each candidate is first compiled in a worker process at the tuned shape (so the timing loads it from
+Triton's cache with the same specialisation).
 
 Usage: ``python -m flashattn.tune --seq 16384 --heads 32 --head-dim 128 --dtype bf16 --out results/``
 (``--kernels dkdv dk dv`` times only those).
@@ -13,6 +14,7 @@ Usage: ``python -m flashattn.tune --seq 16384 --heads 32 --head-dim 128 --dtype 
 
 import argparse
 import math
+import multiprocessing as mp
 import time
 from pathlib import Path
 
@@ -62,23 +64,53 @@ def candidates_for(dtype, head_dim: int = 128) -> dict[str, list[TileConfig]]:
     return {k: v or lists[k][:1] for k, v in fits.items()}
 
 
-def candidate_sets(candidates: dict[str, list[TileConfig]], table: KernelConfigs) -> list[KernelConfigs]:
-    """Kernel sets whose compilation covers every candidate: the i-th of each list (its last when shorter),
-    the table's entry for kernels not tuned; a split set (``dv`` given) for the ``dk`` / ``dv`` lists."""
-    count = max(len(c) for c in candidates.values())
+def compile_jobs(
+    candidates: dict[str, list[TileConfig]], table: KernelConfigs
+) -> list[tuple[str, TileConfig]]:
+    """(kernel, tiles) pairs to compile before timing: every candidate, and the table's forward when the
+    forward is not tuned (its ``lse`` feeds the backward kernels)."""
+    jobs = [(kernel, cfg) for kernel, configs in candidates.items() for cfg in configs]
+    return jobs if "forward" in candidates else [*jobs, ("forward", table.forward)]
 
-    def nth(kernel: str, i: int, default: TileConfig) -> TileConfig:
-        got = candidates.get(kernel)
-        return got[min(i, len(got) - 1)] if got else default
 
-    sets = []
-    for i in range(count):
-        forward, dq = nth("forward", i, table.forward), nth("dq", i, table.dq)
-        sets.append(KernelConfigs(forward, nth("dkdv", i, table.dkdv), dq))
-        if "dk" in candidates or "dv" in candidates:
-            dv = nth("dv", i, table.dv or table.dkdv)
-            sets.append(KernelConfigs(forward, nth("dk", i, table.dkdv), dq, dv))
-    return sets
+def _runs(shape: tuple[int, ...], dtype, causal: bool, forward: TileConfig | None) -> dict:
+    """kernel name -> ``run(tiles)`` on random inputs of ``shape``; with ``forward=None`` the backward
+    kernels read a zero ``lse`` and ``D`` (enough to compile them, no forward needed)."""
+    import torch
+
+    from flashattn.triton_flash import launch_delta, launch_dkdv, launch_dq, launch_forward
+
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
+    if forward is None:
+        lse = delta = torch.zeros(shape[:-1], device="cuda")
+    else:
+        o, lse = launch_forward(q, k, v, causal, forward)
+        delta = launch_delta(o, do)
+    return {
+        "forward": lambda cfg: launch_forward(q, k, v, causal, cfg),
+        "dkdv": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, causal, cfg),
+        "dq": lambda cfg: launch_dq(q, k, v, do, lse, delta, causal, cfg),
+        "dk": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, causal, cfg, outputs="dk"),
+        "dv": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, causal, cfg, outputs="dv"),
+    }
+
+
+def _compile(job: tuple) -> tuple[str, TileConfig, float, str]:
+    """One kernel launched once at the tuned shape in a worker process, so it lands in Triton's cache
+    with the specialisation the timing uses."""
+    import torch
+
+    from flashattn.benchutil import DTYPES
+
+    kernel, cfg, shape, dtype, causal = job
+    start = time.perf_counter()
+    try:
+        _runs(shape, DTYPES[dtype], causal, None)[kernel](cfg)
+        torch.cuda.synchronize()
+        status = "ok"
+    except Exception as exc:  # a shape that exceeds shared memory or registers is timed as failed later
+        status = f"{type(exc).__name__}: {str(exc)[:80]}"
+    return kernel, cfg, time.perf_counter() - start, status
 
 
 # FLOPs of each timed row as a multiple of the forward's (the backward kernels alone get no rate).
@@ -127,34 +159,29 @@ def main() -> None:
     from harness.results import to_markdown, write_table
 
     from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, time_passes
-    from flashattn.precompile import precompile
-    from flashattn.triton_flash import configs_for, launch_delta, launch_dkdv, launch_dq, launch_forward
+    from flashattn.triton_flash import configs_for
 
     causal, dtype = not args.non_causal, DTYPES[args.dtype]
     candidates = {k: v for k, v in candidates_for(dtype, args.head_dim).items() if k in args.kernels}
-    picks = candidate_sets(candidates, configs_for(args.head_dim, dtype))
-    start = time.perf_counter()
-    precompile([(args.head_dim, args.dtype, causal, cfg) for cfg in picks], args.jobs)
-    print(f"compiled {len(picks)} candidate sets in {time.perf_counter() - start:.1f} s", flush=True)
-
+    table = configs_for(args.head_dim, dtype)
     shape = (1, args.heads, args.seq, args.head_dim)
-    q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
+    jobs = [(*job, shape, args.dtype, causal) for job in compile_jobs(candidates, table)]
+    start = time.perf_counter()
+    with mp.get_context("spawn").Pool(max(1, min(args.jobs, len(jobs)))) as pool:
+        for kernel, cfg, seconds, status in pool.imap_unordered(_compile, jobs):
+            print(f"compiled {kernel:8s} {tuple(cfg)} in {seconds:.1f} s: {status}", flush=True)
+    print(f"compiled {len(jobs)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
+
     fwd_flops = attention_flops(1, args.heads, args.seq, args.seq, args.head_dim, causal=causal)
-    o, lse = launch_forward(q, k, v, causal, picks[0].forward)
-    delta = launch_delta(o, do)
-    runs = {
-        "forward": lambda cfg: launch_forward(q, k, v, causal, cfg),
-        "dkdv": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, causal, cfg),
-        "dq": lambda cfg: launch_dq(q, k, v, do, lse, delta, causal, cfg),
-        "dk": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, causal, cfg, outputs="dk"),
-        "dv": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, causal, cfg, outputs="dv"),
-    }
+    forward = candidates["forward"][0] if "forward" in candidates else table.forward
+    runs = _runs(shape, dtype, causal, forward)
     rows = []
     for kernel, configs in candidates.items():
         for cfg in configs:
             ms = _time(lambda run=runs[kernel], cfg=cfg: run(cfg), args.rep_ms)
             rows.append({"kernel": kernel, **cfg._asdict(), "ms": ms})
             print(f"{kernel:8s} {tuple(cfg)}: {ms:.3f} ms", flush=True)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
     sdpa = "sdpa" in args.kernels and dtype != torch.float32  # SDPA has no fp32 flash or cuDNN kernels
     for name in ("sdpa_flash", "sdpa_cudnn") if sdpa else ():
         times = time_passes(IMPLEMENTATIONS[name], q, k, v, causal, 10, args.rep_ms)
