@@ -4,7 +4,7 @@ The table in :mod:`flashattn.triton_configs` comes from this command: the candid
 shapes known to suit Hopper (128-query forward tiles; 8 warps once the fp32 accumulator is 128 wide; 2-4
 pipeline stages), and each kernel is timed alone with ``triton.testing.do_bench`` (median), next to SDPA's
 flash and cuDNN backends. 16-bit inputs also time dK and dV as separate programs (``dk``, ``dv``: the split
-the table uses above head dim 128), and the summary line sets the best split pair against the best fused
+that a table entry's ``dv`` selects), and the summary line sets the best split pair against the best fused
 dK/dV. Each candidate is first compiled in a worker process at the tuned shape (so the timing loads it from
 Triton's cache with the same specialisation).
 
