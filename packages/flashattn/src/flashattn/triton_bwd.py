@@ -2,17 +2,29 @@
 
 Both gradient kernels recompute the probabilities from ``Q, K`` and the saved ``lse``. ``dK, dV`` of one key
 tile of key/value head ``hk`` sum over the query heads ``hk * group ... hk * group + group - 1`` in a fixed
-order inside one program, so grouped-query attention needs no atomics and repeats bit for bit. Tile layout,
-strides and visibility are those of :mod:`flashattn.triton_fwd`.
+order inside one program, so grouped-query attention needs no atomics and repeats bit for bit. The same
+kernel can compute only one of them (``WANT_DK`` / ``WANT_DV``): at head dim 256 the two ``(BLOCK_N, 256)``
+fp32 accumulators crowd the registers beside the recomputed probabilities, so dV (2 products a tile) and dK
+(3 products) can run as two programs of one accumulator each. Tile layout, strides and visibility are those of
+:mod:`flashattn.triton_fwd`.
 """
 
 import triton
 import triton.language as tl
 
-from flashattn.triton_fwd import LOG2E, column_ranges, load_tile, program_ids, spans, store_tile, visible
+from flashattn.triton_fwd import (
+    LOG2E,
+    LSE_STRIDES,
+    column_ranges,
+    load_tile,
+    program_ids,
+    spans,
+    store_tile,
+    visible,
+)
 
 
-@triton.jit(do_not_specialize=["q_heads", "seq_q", "head_dim"])
+@triton.jit(do_not_specialize=["q_heads", "seq_q", "head_dim", *LSE_STRIDES])
 def delta_kernel(
     OUT, DO, DELTA, CU_Q,
     stride_ob, stride_oh, stride_os, stride_od,
@@ -42,31 +54,38 @@ def _dkdv_inner(
     stride_qs, stride_qd, stride_gs, stride_gd,
     offs_n, offs_d, start, end, seq_q, head_dim, lo_off, hi_off, qk_scale,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
-    EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, PRECISION: tl.constexpr, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
 ):  # fmt: skip
-    """Query tiles ``[start, end)`` of one query head against one key tile, transposed (rows are keys)."""
+    """Query tiles ``[start, end)`` of one query head against one key tile, transposed (rows are keys);
+    updates ``dk`` if ``WANT_DK`` and ``dv`` if ``WANT_DV`` (the other passes through untouched)."""
     for start_m in tl.range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = load_tile(q_base, offs_m, offs_d, stride_qs, stride_qd, seq_q, head_dim, MASKED, EVEN_D)
         do = load_tile(do_base, offs_m, offs_d, stride_gs, stride_gd, seq_q, head_dim, MASKED, EVEN_D)
         if MASKED:
             lse = tl.load(lse_base + offs_m, mask=offs_m < seq_q, other=0.0)
-            delta = tl.load(delta_base + offs_m, mask=offs_m < seq_q, other=0.0)
         else:
             lse = tl.load(lse_base + offs_m)
-            delta = tl.load(delta_base + offs_m)
         scores_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)
         probs_t = tl.math.exp2(scores_t * qk_scale - lse[None, :] * LOG2E)
         if MASKED:
             probs_t = tl.where(visible(offs_n, offs_m, seq_q, lo_off, hi_off, HAS_LO, HAS_HI), probs_t, 0.0)
-        dv = tl.dot(probs_t.to(do.dtype), do, dv, input_precision=PRECISION)
-        dprobs_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        dscores_t = probs_t * (dprobs_t - delta[None, :])
-        dk = tl.dot(dscores_t.to(q.dtype), q, dk, input_precision=PRECISION)
+        if WANT_DV:
+            dv = tl.dot(probs_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        if WANT_DK:
+            if MASKED:
+                delta = tl.load(delta_base + offs_m, mask=offs_m < seq_q, other=0.0)
+            else:
+                delta = tl.load(delta_base + offs_m)
+            dprobs_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            dscores_t = probs_t * (dprobs_t - delta[None, :])
+            dk = tl.dot(dscores_t.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["kv_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right"])
+@triton.jit(
+    do_not_specialize=["kv_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right", *LSE_STRIDES]
+)
 def dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qs, stride_qd,
@@ -79,9 +98,10 @@ def dkdv_kernel(
     kv_heads, group, seq_q, seq_k, head_dim, left, right, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, VARLEN: tl.constexpr, EVEN_D: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
 ):  # fmt: skip
-    """One program per (key tile, batch, key/value head): ``dK, dV`` of ``BLOCK_N`` keys."""
+    """One program per (key tile, batch, key/value head): ``dK`` (if ``WANT_DK``) and ``dV`` (if
+    ``WANT_DV``) of ``BLOCK_N`` keys; a dV-only program never reads ``V`` or ``D``."""
     tile, b, hk = program_ids(tl.cdiv(seq_k, BLOCK_N), kv_heads)
     q_start, seq_q, k_start, seq_k = spans(CU_Q, CU_K, b, seq_q, seq_k, VARLEN)
     start_n = tile * BLOCK_N  # causal: early keys see the most queries, and they go first
@@ -112,23 +132,25 @@ def dkdv_kernel(
             dk, dv = _dkdv_inner(
                 dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs, stride_qd, stride_gs,
                 stride_gd, offs_n, offs_d, start, full_start, seq_q, head_dim, lo_off, hi_off, qk_scale,
-                BLOCK_M, True, HAS_RIGHT, HAS_LEFT, EVEN_D, PRECISION,
+                BLOCK_M, True, HAS_RIGHT, HAS_LEFT, EVEN_D, PRECISION, WANT_DK, WANT_DV,
             )  # fmt: skip
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs, stride_qd, stride_gs, stride_gd,
             offs_n, offs_d, full_start, full_end, seq_q, head_dim, lo_off, hi_off, qk_scale,
-            BLOCK_M, False, HAS_RIGHT, HAS_LEFT, EVEN_D, PRECISION,
+            BLOCK_M, False, HAS_RIGHT, HAS_LEFT, EVEN_D, PRECISION, WANT_DK, WANT_DV,
         )  # fmt: skip
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs, stride_qd, stride_gs, stride_gd,
             offs_n, offs_d, full_end, end, seq_q, head_dim, lo_off, hi_off, qk_scale,
-            BLOCK_M, True, HAS_RIGHT, HAS_LEFT, EVEN_D, PRECISION,
+            BLOCK_M, True, HAS_RIGHT, HAS_LEFT, EVEN_D, PRECISION, WANT_DK, WANT_DV,
         )  # fmt: skip
 
     dk_base = DK + b * stride_dkb + hk * stride_dkh + k_start * stride_dks
     dv_base = DV + b * stride_dvb + hk * stride_dvh + k_start * stride_dvs
-    store_tile(dk_base, dk * sm_scale, offs_n, offs_d, stride_dks, stride_dkd, seq_k, head_dim)
-    store_tile(dv_base, dv, offs_n, offs_d, stride_dvs, stride_dvd, seq_k, head_dim)
+    if WANT_DK:
+        store_tile(dk_base, dk * sm_scale, offs_n, offs_d, stride_dks, stride_dkd, seq_k, head_dim)
+    if WANT_DV:
+        store_tile(dv_base, dv, offs_n, offs_d, stride_dvs, stride_dvd, seq_k, head_dim)
 
 
 @triton.jit
@@ -153,7 +175,9 @@ def _dq_inner(
     return dq
 
 
-@triton.jit(do_not_specialize=["q_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right"])
+@triton.jit(
+    do_not_specialize=["q_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right", *LSE_STRIDES]
+)
 def dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qs, stride_qd,

@@ -4,9 +4,11 @@ Head dims run in the next power-of-two tile (80 and 96 in 128, 192 in 256). The 
 candidate list of ``python -m flashattn.tune`` on an H200 at (1, 32, 16384, 128); the fp32 entries for 128 and
 64 won ``flashattn.tune --dtype fp32 --seq 4096`` (tf32x3 dots, 3-40x faster than the best IEEE tiles); the
 others follow the same reasoning. The (256, 16-bit) entry won ``flashattn.tune --head-dim 256 --seq 8192
---heads 16`` on an H200 (forward 128 queries by 64 keys, 8 warps; dK/dV 64 keys against 32-query steps; dQ 64
-queries against 32-key steps, 4 warps; two stages each, to fit shared memory, :func:`shared_bytes` against
-:data:`SHARED_MEMORY_BYTES`); the fp32 entry at 256 is half that, unpipelined, by the same reasoning.
+--heads 16`` on an H200 (forward 128 queries by 64 keys, 8 warps; dK/dV 64 keys against 64-query steps, 8
+warps; dQ 64 queries against 32-key steps, 4 warps; two stages each, to fit shared memory,
+:func:`shared_bytes` against :data:`SHARED_MEMORY_BYTES`); the fp32 entry at 256 is half that, unpipelined,
+by the same reasoning. No entry sets ``dv`` (dK and dV as separate programs) until the tune measures the split
+faster than the fused kernel.
 """
 
 from contextlib import AbstractContextManager
@@ -34,16 +36,21 @@ class TileConfig(NamedTuple):
 
 
 class KernelConfigs(NamedTuple):
-    """One :class:`TileConfig` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``."""
+    """One :class:`TileConfig` per kernel; ``dkdv`` programs own ``block_n`` keys, the others ``block_m``.
+
+    With ``dv`` set, dK and dV run as two programs of one accumulator each: dK with ``dkdv``'s tiles, dV
+    with ``dv``'s (one more ``Q K^T`` product per tile, in exchange for half the registers).
+    """
 
     forward: TileConfig
     dkdv: TileConfig
     dq: TileConfig
+    dv: TileConfig | None = None
 
 
 T = TileConfig
 _CONFIGS: dict[tuple[int, bool], KernelConfigs] = {
-    (256, True): KernelConfigs(T(128, 64, 8, 2), T(32, 64, 8, 2), T(64, 32, 4, 2)),
+    (256, True): KernelConfigs(T(128, 64, 8, 2), T(64, 64, 8, 2), T(64, 32, 4, 2)),
     (128, True): KernelConfigs(T(128, 64, 8, 3), T(64, 128, 8, 3), T(128, 64, 8, 3)),
     (64, True): KernelConfigs(T(128, 64, 4, 3), T(64, 128, 8, 3), T(128, 64, 8, 3)),
     (32, True): KernelConfigs(T(128, 64, 4, 3), T(64, 64, 4, 3), T(64, 64, 4, 3)),
@@ -77,12 +84,12 @@ def table() -> dict[tuple[int, bool], KernelConfigs]:
 def shared_bytes(kernel: str, cfg: TileConfig, head_dim: int, itemsize: int) -> int:
     """Shared memory of a kernel's pipelined tiles: the tile it keeps plus ``num_stages`` of what it streams.
 
-    Forward keeps ``q`` and streams ``k, v``; dQ keeps ``q, dO`` and streams ``k, v``; dK/dV keeps ``k, v``
-    and streams ``q, dO``; plus one probability tile for the second dot.
+    Forward keeps ``q`` and streams ``k, v``; dQ keeps ``q, dO`` and streams ``k, v``; dK/dV (and dK alone)
+    keeps ``k, v`` and streams ``q, dO``; dV alone keeps ``k``; plus one probability tile for the second dot.
     """
     d = padded_head_dim(head_dim)
-    kept, streamed = {"forward": (1, 2), "dq": (2, 2), "dkdv": (2, 2)}[kernel]
-    own, other = (cfg.block_n, cfg.block_m) if kernel == "dkdv" else (cfg.block_m, cfg.block_n)
+    kept, streamed = {"forward": (1, 2), "dq": (2, 2), "dkdv": (2, 2), "dk": (2, 2), "dv": (1, 2)}[kernel]
+    own, other = (cfg.block_n, cfg.block_m) if kernel in ("dkdv", "dk", "dv") else (cfg.block_m, cfg.block_n)
     elements = kept * own * d + cfg.num_stages * streamed * other * d + own * other
     return elements * itemsize
 

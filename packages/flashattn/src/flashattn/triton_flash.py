@@ -148,9 +148,12 @@ def launch_delta(o: Tensor, do: Tensor, varlen: Varlen | None = None, block_m: i
 
 def launch_dkdv(
     q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse: Tensor, delta: Tensor, causal: bool, cfg: TileConfig,
-    window: Window = None, varlen: Varlen | None = None,
+    window: Window = None, varlen: Varlen | None = None, outputs: str = "dkdv",
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """``dK, dV`` (k's and v's dtype and layout), each summed over its group of query heads."""
+    """``dK, dV`` (k's and v's dtype and layout), each summed over its group of query heads; ``outputs``
+    ``"dk"`` or ``"dv"`` computes only that one (the other is returned unwritten)."""
+    if outputs not in ("dkdv", "dk", "dv"):
+        raise ValueError(f"outputs must be 'dkdv', 'dk' or 'dv', got {outputs!r}")
     s = _shape(q, k, varlen)
     opts = _common(q, causal, window, cfg)
     left, right = opts.pop("_bounds")
@@ -161,7 +164,8 @@ def launch_dkdv(
             q, k, v, do, lse, delta, dk, dv, s.cu_q, s.cu_k,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
             *_lse_strides(lse), s.kv_heads, *_sizes(s, q, left, right)[1:],
-            LOG2E / math.sqrt(q.shape[-1]), 1.0 / math.sqrt(q.shape[-1]), VARLEN=varlen is not None, **opts,
+            LOG2E / math.sqrt(q.shape[-1]), 1.0 / math.sqrt(q.shape[-1]), VARLEN=varlen is not None,
+            WANT_DK=outputs != "dv", WANT_DV=outputs != "dk", **opts,
         )  # fmt: skip
     return dk, dv
 
@@ -201,7 +205,11 @@ def run_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The three backward kernels: ``dq, dk, dv`` in the layouts of ``q, k, v``."""
     delta = launch_delta(o, do, varlen)
-    dk, dv = launch_dkdv(q, k, v, do, lse, delta, causal, configs.dkdv, window, varlen)
+    if configs.dv is None:
+        dk, dv = launch_dkdv(q, k, v, do, lse, delta, causal, configs.dkdv, window, varlen)
+    else:  # one accumulator per program (head dims above 128)
+        dk, _ = launch_dkdv(q, k, v, do, lse, delta, causal, configs.dkdv, window, varlen, "dk")
+        _, dv = launch_dkdv(q, k, v, do, lse, delta, causal, configs.dv, window, varlen, "dv")
     dq = launch_dq(q, k, v, do, lse, delta, causal, configs.dq, window, varlen)
     return dq, dk, dv
 

@@ -15,6 +15,9 @@ import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
+# The lse / D strides follow the length (seq, or the packed total): left unspecialised like the lengths, so a
+# kernel compiled at one length (flashattn.precompile's tiny runs) serves every other.
+LSE_STRIDES = ("stride_lb", "stride_lh")
 
 
 @triton.jit
@@ -130,7 +133,9 @@ def _fwd_inner(
     return acc, row_sum, row_max
 
 
-@triton.jit(do_not_specialize=["q_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right"])
+@triton.jit(
+    do_not_specialize=["q_heads", "group", "seq_q", "seq_k", "head_dim", "left", "right", *LSE_STRIDES]
+)
 def fwd_kernel(
     Q, K, V, OUT, LSE, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qs, stride_qd,
