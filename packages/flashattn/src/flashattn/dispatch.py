@@ -22,7 +22,7 @@ from flashattn.inputs import Window, as_4d, check_window
 from flashattn.pinning import Pin
 
 FORWARD_KERNELS = ("hopper", "gluon", "portable")  # "gluon": the warp-specialised sm90 forward
-BACKWARD_KERNELS = ("hopper", "portable")
+BACKWARD_KERNELS = ("hopper", "hopper5", "portable")  # "hopper5": five tile products, dQ from dK/dV
 # The sm90 forward and, per head dim, the backward that follows it, with the measurements behind them
 # (`python -m flashattn.bench` times every kernel set in one run; docs/flashattn.md, Hopper section).
 HOPPER_FORWARD = "gluon"
