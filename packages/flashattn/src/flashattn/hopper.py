@@ -26,7 +26,7 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from flashattn.hopper_bwd import dkdv_kernel, dq_kernel
-from flashattn.hopper_bwd5 import delta_kernel, dkdvdq_kernel
+from flashattn.hopper_bwd5 import TURN_STRIDE, delta_kernel, dkdvdq_kernel
 from flashattn.hopper_fwd import fwd_kernel
 from flashattn.interpret import check_interpreted
 from flashattn.pinning import Pin
@@ -309,7 +309,7 @@ def backward5(
     n_m_tiles = triton.cdiv(seq_q, t.block_m)
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
     delta = torch.empty_like(lse)
-    turns = torch.empty((batch * heads, n_m_tiles), dtype=torch.int32, device=q.device)
+    turns = torch.empty((batch * heads, n_m_tiles * TURN_STRIDE.value), dtype=torch.int32, device=q.device)
     acc_shape = (batch * heads, n_m_tiles * t.block_m, head_dim)  # fp32 dQ, rows padded to whole tiles
     dq_acc = torch.empty(acc_shape, dtype=torch.float32, device=q.device)
     delta_kernel[(n_m_tiles, batch * heads)](
@@ -320,7 +320,7 @@ def backward5(
         _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(do, t.block_m),
         _desc(dk, t.block_n), _desc(dv, t.block_n), dq, *dq.stride()[:3], lse, delta, dq_acc, turns,
         heads, heads // heads_k, seq_q, seq_k, LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim),
-        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal, THREADS=32 * t.num_warps,
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
         INTERPRET=triton.knobs.runtime.interpret, **_opts(t),
     )  # fmt: skip
     return dq, dk, dv

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
+TURN_STRIDE = tl.constexpr(32)  # int32s between two tiles' counters: one 128-byte line each, no false sharing
 
 
 @triton.jit(do_not_specialize=["n_heads", "seq_q", "n_m_tiles"])
@@ -38,40 +39,41 @@ def delta_kernel(
     o = desc_o.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM).to(tl.float32)
     do = desc_do.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM).to(tl.float32)
     tl.store(DELTA + bh.to(tl.int64) * seq_q + offs_m, tl.sum(o * do, 1), mask=offs_m < seq_q)
-    tl.store(TURNS + bh * n_m_tiles + tile, 0)
+    tl.store(TURNS + (bh * n_m_tiles + tile) * TURN_STRIDE, 0)
 
 
 @triton.jit
-def _wait_turn(turn_ptr, turn, THREADS: tl.constexpr, INTERPRET: tl.constexpr):
-    """Wait until ``*turn_ptr == turn * THREADS`` (every thread spins, acquire at GPU scope); returns 0,
-    for the caller's loads to depend on."""
+def _wait_turn(turn_ptr, turn, INTERPRET: tl.constexpr):
+    """Wait until ``*turn_ptr == turn`` (every thread spins, acquire at GPU scope); returns 0, for the
+    caller's loads to depend on."""
     if INTERPRET:  # programs run one by one in id order: a turn not yet come is an ordering bug, and the
         seen = tl.load(turn_ptr)  # nonzero offset returned then shifts the read, so the tests see it
     else:
         seen = tl.inline_asm_elementwise(
             "{ .reg .pred p; spin: ld.global.acquire.gpu.b32 $0, [$1]; setp.ne.s32 p, $0, $2; @p bra spin; }",
-            "=r,l,r", [turn_ptr, turn * THREADS], dtype=tl.int32, is_pure=False, pack=1,
+            "=r,l,r", [turn_ptr, turn], dtype=tl.int32, is_pure=False, pack=1,
         )  # fmt: skip
-    return seen - turn * THREADS
+    return seen - turn
 
 
 @triton.jit
-def _pass_turn(turn_ptr, THREADS: tl.constexpr, INTERPRET: tl.constexpr):
-    """Every thread adds 1 with release semantics after its own stores (no CTA barrier, which would stop
-    Triton's software pipelining): the counter reaches ``(turn + 1) * THREADS`` once all of them have."""
+def _pass_turn(turn_ptr, INTERPRET: tl.constexpr):
+    """Once every thread has stored its part (a CTA barrier), thread 0 adds 1 with release semantics at GPU
+    scope. Written in PTX: Triton stops software-pipelining a loop that holds ``tl.debug_barrier()``."""
     if INTERPRET:
-        tl.atomic_add(turn_ptr, THREADS)
+        tl.atomic_add(turn_ptr, 1)
     else:
         tl.inline_asm_elementwise(
-            "atom.release.gpu.global.add.s32 $0, [$1], 1;", "=r,l", [turn_ptr], dtype=tl.int32,
-            is_pure=False, pack=1,
+            "{ .reg .pred p; .reg .b32 t; bar.sync 0; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+            "@p red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }",
+            "=r,l", [turn_ptr], dtype=tl.int32, is_pure=False, pack=1,
         )  # fmt: skip
 
 
 @triton.jit
 def _add_dq(
     dq_part, acc_base, dq_base, stride_dq, turn_ptr, turn, tile, start_m, seq_q, sm_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, THREADS: tl.constexpr, INTERPRET: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """Add ``dq_part`` (fp32 ``(BLOCK_M, HEAD_DIM)``) into query tile ``start_m`` at its ``turn``.
 
@@ -79,14 +81,14 @@ def _add_dq(
     rows = start_m + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)[None, :]
     acc = acc_base + rows[:, None] * HEAD_DIM + cols
-    ready = _wait_turn(turn_ptr, turn, THREADS, INTERPRET)
+    ready = _wait_turn(turn_ptr, turn, INTERPRET)
     dq_part += tl.load(acc + ready, mask=turn > 0, other=0.0, cache_modifier=".cg")
     tl.store(acc, dq_part, mask=tile > 0, cache_modifier=".cg")
     last = (tile == 0) & (rows[:, None] < seq_q)  # the last contributor writes the finished tile
     out = (dq_part * sm_scale).to(dq_base.dtype.element_ty)
     tl.store(dq_base + rows[:, None].to(tl.int64) * stride_dq + cols, out, mask=last)
     if tile > 0:
-        _pass_turn(turn_ptr, THREADS, INTERPRET)
+        _pass_turn(turn_ptr, INTERPRET)
 
 
 @triton.jit
@@ -94,7 +96,7 @@ def _queries(
     dk, dv, k, v, desc_q, desc_do, dq_base, stride_dq, lse_base, delta_base, acc_base, turn_base, b, h,
     tile, offs_n, start, end, seq_q, seq_k, causal_shift, n_last_full, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, THREADS: tl.constexpr, INTERPRET: tl.constexpr,
+    CAUSAL: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """Query tiles ``[start, end)`` of head ``h`` against key tile ``tile``, transposed (rows are keys)."""
     for start_m in range(start, end, BLOCK_M):
@@ -122,8 +124,9 @@ def _queries(
         else:
             n_last = n_last_full
         _add_dq(
-            tl.dot(dscores_t.T, k), acc_base, dq_base, stride_dq, turn_base + start_m // BLOCK_M,
-            n_last - tile, tile, start_m, seq_q, sm_scale, HEAD_DIM, BLOCK_M, THREADS, INTERPRET,
+            tl.dot(dscores_t.T, k), acc_base, dq_base, stride_dq,
+            turn_base + start_m // BLOCK_M * TURN_STRIDE, n_last - tile, tile, start_m, seq_q, sm_scale,
+            HEAD_DIM, BLOCK_M, INTERPRET,
         )  # fmt: skip
         dk = tl.dot(dscores_t, q, dk)
     return dk, dv
@@ -134,12 +137,12 @@ def dkdvdq_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, DQ, stride_dqb, stride_dqh, stride_dqs, LSE, DELTA,
     DQ_ACC, TURNS, n_heads, group, seq_q, seq_k, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    THREADS: tl.constexpr, INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """``dK, dV`` of ``BLOCK_N`` keys of one K/V head over its ``group`` query heads, and their dQ parts.
 
     ``DQ_ACC``: fp32 ``(batch * heads, n_m_tiles * BLOCK_M, HEAD_DIM)``; ``TURNS``: int32 ``(batch * heads,
-    n_m_tiles)``, zeroed by :func:`delta_kernel`."""
+    n_m_tiles * TURN_STRIDE)``, zeroed by :func:`delta_kernel`; ``DQ``: the output, with its strides."""
     n_tiles = tl.cdiv(seq_k, BLOCK_N)
     pid = tl.program_id(0)
     tile, bhk = n_tiles - 1 - pid % n_tiles, pid // n_tiles  # key tiles descending inside a head
@@ -169,22 +172,22 @@ def dkdvdq_kernel(
         row_base = bh.to(tl.int64) * seq_q
         lse_base, delta_base = LSE + row_base, DELTA + row_base
         acc_base = DQ_ACC + bh.to(tl.int64) * n_m_tiles * BLOCK_M * HEAD_DIM
-        turn_base = TURNS + bh * n_m_tiles
+        turn_base = TURNS + bh * n_m_tiles * TURN_STRIDE
         dq_base = DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
         dk, dv = _queries(
             dk, dv, k, v, desc_q, desc_do, dq_base, stride_dqs, lse_base, delta_base, acc_base, turn_base, b,
             h, tile, offs_n, start, diag_end, seq_q, seq_k, causal_shift, n_tiles - 1, qk_scale, sm_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, THREADS, INTERPRET,
+            HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, INTERPRET,
         )  # fmt: skip
         dk, dv = _queries(
             dk, dv, k, v, desc_q, desc_do, dq_base, stride_dqs, lse_base, delta_base, acc_base, turn_base, b,
             h, tile, offs_n, diag_end, full_q, seq_q, seq_k, causal_shift, n_tiles - 1, qk_scale, sm_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, THREADS, INTERPRET,
+            HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, INTERPRET,
         )  # fmt: skip
         dk, dv = _queries(
             dk, dv, k, v, desc_q, desc_do, dq_base, stride_dqs, lse_base, delta_base, acc_base, turn_base, b,
             h, tile, offs_n, tl.maximum(diag_end, full_q), seq_q, seq_q, seq_k, causal_shift, n_tiles - 1,
-            qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, THREADS, INTERPRET,
+            qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, INTERPRET,
         )  # fmt: skip
     desc_dk.store([b, hk, start_n, 0], (dk * sm_scale).to(desc_dk.dtype).reshape(1, 1, BLOCK_N, HEAD_DIM))
     desc_dv.store([b, hk, start_n, 0], dv.to(desc_dv.dtype).reshape(1, 1, BLOCK_N, HEAD_DIM))
