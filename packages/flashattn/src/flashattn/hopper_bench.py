@@ -37,6 +37,7 @@ BWD_STEPS = {  # name -> (dkdv tile, dq tile)
 BWD5_STEPS = {  # name -> dkdvdq tile (block_m queries, block_n keys, warps, stages)
     "bwd5-64x128-s3": (64, 128, 8, 3),
     "bwd5-64x128-s2": (64, 128, 8, 2),
+    "bwd5-64x64-s3": (64, 64, 8, 3),
 }
 
 
