@@ -71,29 +71,21 @@ def _pass_turn(turn_ptr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _fetch_dq(acc_base, turn_ptr, turn, start_m, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-              INTERPRET: tl.constexpr):  # fmt: skip
-    """The sum so far of query tile ``start_m`` (fp32 ``(BLOCK_M, HEAD_DIM)``, zeros at turn 0), read once
-    its ``turn`` has come; issued before the tile's products, so that the read's latency hides under them."""
-    rows = start_m + tl.arange(0, BLOCK_M)
-    acc = acc_base + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    ready = _wait_turn(turn_ptr, turn, INTERPRET)
-    return tl.load(acc + ready, mask=turn > 0, other=0.0, cache_modifier=".cg")
-
-
-@triton.jit
-def _put_dq(
-    dq_sum, acc_base, dq_base, stride_dq, turn_ptr, tile, start_m, seq_q, sm_scale,
+def _add_dq(
+    dq_part, acc_base, dq_base, stride_dq, turn_ptr, turn, tile, start_m, seq_q, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    """Store the new sum of query tile ``start_m`` and pass the turn on; the last contributor (key tile 0)
-    writes the scaled dQ in the output dtype instead. Branch-free (masks instead of ``if``), so that Triton
-    still software-pipelines the loop around it."""
+    """Add ``dq_part`` (fp32 ``(BLOCK_M, HEAD_DIM)``) into query tile ``start_m`` at its ``turn``.
+
+    Branch-free (masks instead of ``if``), so that Triton still software-pipelines the loop around it."""
     rows = start_m + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)[None, :]
-    tl.store(acc_base + rows[:, None] * HEAD_DIM + cols, dq_sum, mask=tile > 0, cache_modifier=".cg")
-    last = (tile == 0) & (rows[:, None] < seq_q)
-    out = (dq_sum * sm_scale).to(dq_base.dtype.element_ty)
+    acc = acc_base + rows[:, None] * HEAD_DIM + cols
+    ready = _wait_turn(turn_ptr, turn, INTERPRET)
+    dq_part += tl.load(acc + ready, mask=turn > 0, other=0.0, cache_modifier=".cg")
+    tl.store(acc, dq_part, mask=tile > 0, cache_modifier=".cg")
+    last = (tile == 0) & (rows[:, None] < seq_q)  # the last contributor writes the finished tile
+    out = (dq_part * sm_scale).to(dq_base.dtype.element_ty)
     tl.store(dq_base + rows[:, None].to(tl.int64) * stride_dq + cols, out, mask=last)
     if tile > 0:
         _pass_turn(turn_ptr, INTERPRET)
@@ -108,13 +100,6 @@ def _queries(
 ):  # fmt: skip
     """Query tiles ``[start, end)`` of head ``h`` against key tile ``tile``, transposed (rows are keys)."""
     for start_m in range(start, end, BLOCK_M):
-        if CAUSAL:  # the last key tile that the tile's last query sees
-            last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1
-            n_last = tl.minimum(last_row + causal_shift, seq_k - 1) // BLOCK_N
-        else:
-            n_last = n_last_full
-        turn_ptr = turn_base + start_m // BLOCK_M * TURN_STRIDE
-        dq_sum = _fetch_dq(acc_base, turn_ptr, n_last - tile, start_m, HEAD_DIM, BLOCK_M, INTERPRET)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = desc_q.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
         if MASKED:
@@ -133,10 +118,15 @@ def _queries(
         do = desc_do.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
         dv = tl.dot(probs_t.to(do.dtype), do, dv)
         dscores_t = (probs_t * (tl.dot(v, do.T) - delta[None, :])).to(q.dtype)
-        dq_sum += tl.dot(dscores_t.T, k)
-        _put_dq(
-            dq_sum, acc_base, dq_base, stride_dq, turn_ptr, tile, start_m, seq_q, sm_scale, HEAD_DIM, BLOCK_M,
-            INTERPRET,
+        if CAUSAL:  # the last key tile the tile's last query sees
+            last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1
+            n_last = tl.minimum(last_row + causal_shift, seq_k - 1) // BLOCK_N
+        else:
+            n_last = n_last_full
+        _add_dq(
+            tl.dot(dscores_t.T, k), acc_base, dq_base, stride_dq,
+            turn_base + start_m // BLOCK_M * TURN_STRIDE, n_last - tile, tile, start_m, seq_q, sm_scale,
+            HEAD_DIM, BLOCK_M, INTERPRET,
         )  # fmt: skip
         dk = tl.dot(dscores_t, q, dk)
     return dk, dv
