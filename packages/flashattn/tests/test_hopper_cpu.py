@@ -1,5 +1,6 @@
 """CPU tests of the Hopper path: which calls it covers (:func:`flashattn.hopper.unsupported_reason`),
-its input errors, and its kernels run by Triton's interpreter (fp16, small tiles) against float64 attention.
+its input errors, and its kernels (both backwards) run by Triton's interpreter (fp16, small tiles) against
+float64 attention.
 
 Run as a script (``TRITON_INTERPRET=1 python test_hopper_cpu.py``) it prints the interpreted kernels' errors
 as JSON; the test below starts it so, because the interpreter must be on before the kernels are defined."""
@@ -20,6 +21,7 @@ INTERPRETED = [  # batch, heads_q, heads_kv, seq_q, seq_k, causal, persistent + 
     (2, 4, 2, 21, 50, True, True),
     (1, 4, 1, 33, 19, False, True),
     (1, 1, 1, 1, 5, True, False),
+    (1, 2, 1, 70, 100, False, False),  # four key tiles add into every dQ tile
 ]
 
 
@@ -99,15 +101,19 @@ def _interpreted_errors() -> dict[str, dict[str, float]]:
         q, do = (torch.randn(batch, heads, seq_q, 64, generator=gen).half() for _ in range(2))
         k, v = (torch.randn(batch, heads_kv, seq_k, 64, generator=gen).half() for _ in range(2))
         tiles = HopperConfigs(HopperTile(16, 16, 4, 1, persistent, persistent), HopperTile(16, 32, 4, 1),
-                              HopperTile(32, 16, 4, 1, tile_major=persistent))  # fmt: skip
+                              HopperTile(32, 16, 4, 1, tile_major=persistent),
+                              dkdvdq=HopperTile(16, 32, 4, 1))  # fmt: skip
         with hopper.pinned_configs(tiles):
             o, lse = hopper.forward(q, k, v, causal)
             grads = hopper.backward(q, k, v, o, lse, do, causal)
+            grads5 = hopper.backward5(q, k, v, o, lse, do, causal)
         leaves = [t.double().requires_grad_() for t in (q, k, v)]
         gold_o, gold_lse = _float64_attention(*leaves, causal)
         gold_o.backward(do.double())
         errs = {"o": err(o, gold_o), "lse": err(lse, gold_lse)}
         errs |= {n: err(g, t.grad) for n, g, t in zip(("dq", "dk", "dv"), grads, leaves, strict=True)}
+        errs |= {f"{n} (5 products)": err(g, t.grad) for n, g, t in zip(("dq", "dk", "dv"), grads5, leaves,
+                                                                        strict=True)}  # fmt: skip
         out[f"{batch}x{heads}/{heads_kv}-{seq_q}x{seq_k}-{'causal' if causal else 'full'}"] = errs
     return out | {"public": _public_errors(tiles, gen)}
 

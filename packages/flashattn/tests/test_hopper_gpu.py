@@ -1,13 +1,13 @@
-"""GPU tests of the Hopper path (sm90): error within twice PyTorch's own low-precision attention against a
-float64 reference, poisoned outputs, bitwise-identical repeats, GQA, strided inputs, and ``lse`` shared with
-the portable kernel. Errors are ||x - gold|| / ||gold||."""
+"""GPU tests of the Hopper path (sm90), both backwards (seven and five tile products): error within twice
+PyTorch's own low-precision attention against a float64 reference, poisoned outputs, bitwise-identical
+repeats, GQA, strided inputs, and ``lse`` shared with the portable kernel. Errors: ||x - gold|| / ||gold||."""
 
 import math
 
 import pytest
 import torch
 from flashattn import flash_attention, hopper, reference
-from flashattn.dispatch import HOPPER_BACKWARD, HOPPER_FORWARD, choose
+from flashattn.dispatch import HOPPER_BACKWARD, HOPPER_FORWARD, choose, pinned_kernels
 from flashattn.triton_flash import FlashAttention2Triton
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -62,25 +62,29 @@ def _plain(q, k, v, do, causal):
     return [o.detach(), lse.detach(), *(t.grad for t in leaves)]
 
 
-def _hopper(q, k, v, do, causal):
+BACKWARDS = {"backward": hopper.backward, "backward5": hopper.backward5}
+
+
+def _hopper(q, k, v, do, causal, backward="backward"):
     o, lse = hopper.forward(q, k, v, causal)
-    return [o, lse, *hopper.backward(q, k, v, o, lse, do, causal)]
+    return [o, lse, *BACKWARDS[backward](q, k, v, o, lse, do, causal)]
 
 
 def _case_id(c):
     return f"{c[0]}x{c[1]}/{c[2]}-{c[3]}x{c[4]}-d{c[5]}-{'causal' if c[6] else 'full'}"
 
 
+@pytest.mark.parametrize("backward", BACKWARDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_error_within_twice_plain_attention(case, dtype):
+def test_error_within_twice_plain_attention(case, dtype, backward):
     causal = case[-1]
     q, k, v, do = _inputs(case, dtype, seed=sum(case[:6]))
     assert hopper.unsupported_reason(q, k, v, causal) is None
     gold = _plain(*(t.double() for t in (q, k, v, do)), causal)
     plain = _plain(q, k, v, do, causal)
     _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
-    ours = _hopper(q, k, v, do, causal)
+    ours = _hopper(q, k, v, do, causal, backward)
     for name, x, p, g in zip(("o", "lse", "dq", "dk", "dv"), ours, plain, gold, strict=True):
         assert x.shape == g.shape and x.dtype == (torch.float32 if name == "lse" else dtype), name
         assert torch.isfinite(x).all(), f"{name} has unwritten (NaN) or infinite elements"
@@ -88,25 +92,41 @@ def test_error_within_twice_plain_attention(case, dtype):
         assert err <= 2 * plain_err + 1e-4, f"{name}: error {err:.2e} vs plain {plain_err:.2e}"
 
 
-@pytest.mark.parametrize("case", [CASES[5], CASES[9]], ids=_case_id)
-def test_repeat_runs_are_bitwise_identical(case):
+REPEAT_CASES = [CASES[5], CASES[9], (1, 16, 4, 8192, 8192, 128, False), (2, 8, 8, 3000, 8191, 64, True)]
+
+
+@pytest.mark.parametrize("backward", BACKWARDS)
+@pytest.mark.parametrize("case", REPEAT_CASES, ids=_case_id)
+def test_repeat_runs_are_bitwise_identical(case, backward):
+    """Also a race detector for the five-product backward: hundreds of key tiles add into each dQ tile."""
     q, k, v, do = _inputs(case, torch.bfloat16, seed=3)
-    first = _hopper(q, k, v, do, case[-1])
+    first = _hopper(q, k, v, do, case[-1], backward)
     for _ in range(2):
         _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
-        again = _hopper(q, k, v, do, case[-1])
+        again = _hopper(q, k, v, do, case[-1], backward)
         for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), first, again, strict=True):
             assert torch.equal(a, b), f"{name} differs between identical runs"
 
 
-def test_strided_inputs_match_contiguous():
+def test_five_product_backward_matches_seven_product():
+    """Same function on long inputs, where a wrong turn or a lost addition would stand out."""
+    q, k, v, do = _inputs(REPEAT_CASES[2], torch.bfloat16, seed=8)
+    o, lse = hopper.forward(q, k, v, False)
+    seven = hopper.backward(q, k, v, o, lse, do, False)
+    five = hopper.backward5(q, k, v, o, lse, do, False)
+    for name, a, b in zip(("dq", "dk", "dv"), five, seven, strict=True):
+        assert _rel_err(a, b.double()) < 1e-2, name
+
+
+@pytest.mark.parametrize("backward", BACKWARDS)
+def test_strided_inputs_match_contiguous(backward):
     """The ``(B, S, H, d).transpose(1, 2)`` layout of attention layers, read in place by the descriptors."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     shape = (2, 333, 4, 128)
     q, k, v, do = (torch.randn(shape, device="cuda", generator=gen, dtype=torch.bfloat16).transpose(1, 2)
                    for _ in range(4))  # fmt: skip
-    ours = _hopper(q, k, v, do, True)
-    dense = _hopper(*(t.contiguous() for t in (q, k, v, do)), True)
+    ours = _hopper(q, k, v, do, True, backward)
+    dense = _hopper(*(t.contiguous() for t in (q, k, v, do)), True, backward)
     for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), ours, dense, strict=True):
         assert torch.equal(a, b), f"{name}: strided and contiguous inputs disagree"
 
@@ -192,3 +212,14 @@ def test_public_layouts_and_fallbacks():
     assert torch.equal(three_d, flash_attention(q[:1], k[:1], v[:1], True))
     assert choose(q, k, v, True, window=(64, 0)).forward == "portable"
     assert choose(q.float(), k.float(), v.float(), True).forward == "portable"
+
+
+@pytest.mark.parametrize("case", [CASES[3], CASES[10]], ids=_case_id)
+def test_public_path_runs_pinned_five_product_backward(case):
+    """``FlashAttention2Triton`` with the five-product backward pinned: bitwise :func:`hopper.backward5`."""
+    q, k, v, do = _inputs(case, torch.bfloat16, seed=9)
+    with pinned_kernels("gluon", "hopper5"):
+        ours = _public(FlashAttention2Triton.apply, q, k, v, do, case[-1])
+    direct = hopper.backward5(q, k, v, ours[0], ours[1], do, case[-1])
+    for name, a, b in zip(("dq", "dk", "dv"), ours[2:], direct, strict=True):
+        assert torch.equal(a, b), name

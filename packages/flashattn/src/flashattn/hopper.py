@@ -26,6 +26,7 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from flashattn.hopper_bwd import dkdv_kernel, dq_kernel
+from flashattn.hopper_bwd5 import TURN_STRIDE, delta_kernel, dkdvdq_kernel
 from flashattn.hopper_fwd import fwd_kernel
 from flashattn.interpret import check_interpreted
 from flashattn.pinning import Pin
@@ -70,13 +71,14 @@ class GluonTile(NamedTuple):
 
 
 class HopperConfigs(NamedTuple):
-    """One :class:`HopperTile` per Triton-language kernel (``dkdv`` programs own ``block_n`` keys, the others
-    ``block_m``) and the Gluon forward's :class:`GluonTile`."""
+    """One :class:`HopperTile` per Triton-language kernel (``dkdv`` and ``dkdvdq`` programs own ``block_n``
+    keys, the others ``block_m``) and the Gluon forward's :class:`GluonTile`."""
 
     forward: HopperTile
     dkdv: HopperTile
     dq: HopperTile
     gluon: GluonTile = GluonTile()
+    dkdvdq: HopperTile = HopperTile(64, 128, 8, 3)
 
 
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
@@ -249,10 +251,7 @@ def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Ten
     return o, lse
 
 
-def backward(
-    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``dq, dk, dv`` (in the layouts of ``q, k, v``) from the forward's ``o`` and ``lse``."""
+def _check_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool):
     _check_shapes(q, k, v, is_causal)
     if o.shape != q.shape or do.shape != q.shape:
         raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape {tuple(q.shape)}")
@@ -261,6 +260,14 @@ def backward(
             f"lse must be fp32 of shape {tuple(q.shape[:-1])}, got {lse.dtype} {tuple(lse.shape)}"
         )
     _check_device(q)
+
+
+def backward(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``dq, dk, dv`` (in the layouts of ``q, k, v``) from the forward's ``o`` and ``lse``: seven tile
+    products (the dQ kernel recomputes ``Q K^T`` and ``dO V^T``)."""
+    _check_backward(q, k, v, o, lse, do, is_causal)
     q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
     lse = lse.contiguous()
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
@@ -285,5 +292,35 @@ def backward(
         *head_counts, batch * heads_k, seq_q, seq_k, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
         TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+def backward5(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`backward` in five tile products (:mod:`flashattn.hopper_bwd5`): the dK/dV programs also add
+    ``dS K`` into an fp32 dQ accumulator, one key tile at a time in a fixed order (bitwise repeatable)."""
+    _check_backward(q, k, v, o, lse, do, is_causal)
+    q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    t = configs_for(head_dim).dkdvdq
+    n_m_tiles = triton.cdiv(seq_q, t.block_m)
+    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+    delta = torch.empty_like(lse)
+    turns = torch.empty((batch * heads, n_m_tiles * TURN_STRIDE.value), dtype=torch.int32, device=q.device)
+    acc_shape = (batch * heads, n_m_tiles * t.block_m, head_dim)  # fp32 dQ, rows padded to whole tiles
+    dq_acc = torch.empty(acc_shape, dtype=torch.float32, device=q.device)
+    delta_kernel[(n_m_tiles, batch * heads)](
+        _desc(o, t.block_m), _desc(do, t.block_m), delta, turns, heads, seq_q, n_m_tiles,
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, num_warps=4,
+    )  # fmt: skip
+    dkdvdq_kernel[(triton.cdiv(seq_k, t.block_n) * batch * heads_k,)](
+        _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(do, t.block_m),
+        _desc(dk, t.block_n), _desc(dv, t.block_n), dq, *dq.stride()[:3], lse, delta, dq_acc, turns,
+        heads, heads // heads_k, seq_q, seq_k, LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim),
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
+        INTERPRET=triton.knobs.runtime.interpret, **_opts(t),
     )  # fmt: skip
     return dq, dk, dv

@@ -1,8 +1,8 @@
 """Ablation of the Hopper attention path against SDPA (cuDNN, flash) and the portable Triton kernel.
 
-Steps: the Triton-language kernels' tile tables (``tma-*``) and the Gluon forward's variants (``gluon-*``,
+Steps: the Triton-language kernels' tile tables (``tma-*``), the Gluon forward's variants (``gluon-*``,
 :data:`flashattn.gluon_compile.VARIANTS`: the default, without the pipelined key loop, with one consumer
-warpgroup).
+warpgroup) and the five-product backward's tiles (``bwd5-*``, :func:`flashattn.hopper.backward5`).
 
 One row per (technique step, pass, causal, length): median milliseconds (``triton.testing.do_bench``),
 TFLOP/s (``4 B H Sq Sk d``, halved when causal, x2.5 for the backward), and ratios to SDPA's cuDNN backend and
@@ -34,6 +34,12 @@ BWD_STEPS = {  # name -> (dkdv tile, dq tile)
     "tma-dkdv64x128-s3-dq128x64-s3-warpspec": ((64, 128, 8, 3, False, False, True), (128, 64, 8, 3)),
 }
 
+BWD5_STEPS = {  # name -> dkdvdq tile (block_m queries, block_n keys, warps, stages)
+    "bwd5-64x128-s3": (64, 128, 8, 3),
+    "bwd5-64x128-s2": (64, 128, 8, 2),
+    "bwd5-64x64-s3": (64, 64, 8, 3),
+}
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m flashattn.hopper_bench", description=__doc__.split("\n\n")[0])
@@ -48,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--fwd-steps", nargs="*", default=list(FWD_STEPS), help=f"of {list(FWD_STEPS)}")
     p.add_argument("--bwd-steps", nargs="*", default=list(BWD_STEPS), help=f"of {list(BWD_STEPS)}")
+    p.add_argument("--bwd5-steps", nargs="*", default=list(BWD5_STEPS), help=f"of {list(BWD5_STEPS)}")
     p.add_argument(
         "--gluon-steps", nargs="*", default=list(GLUON_VARIANTS), help=f"of {list(GLUON_VARIANTS)}"
     )
@@ -143,6 +150,10 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
         with hopper.pinned_configs(configs):
             err = grads_err(hopper.backward(q, k, v, o, lse, do, causal))
             record(name, "bwd", lambda: hopper.backward(q, k, v, o, lse, do, causal), err)
+    for name in args.bwd5_steps:
+        with hopper.pinned_configs(default._replace(dkdvdq=HopperTile(*BWD5_STEPS[name]))):
+            err = grads_err(hopper.backward5(q, k, v, o, lse, do, causal))
+            record(name, "bwd", lambda: hopper.backward5(q, k, v, o, lse, do, causal), err)
 
 
 def _with_ratios(rows: list[dict], args):
@@ -151,7 +162,7 @@ def _with_ratios(rows: list[dict], args):
     from analysis.accounting import attention_flops
 
     table = pd.DataFrame(rows)
-    whole = table[~table.step.str.startswith(("tma-", "gluon-"))]
+    whole = table[~table.step.str.startswith(("tma-", "gluon-", "bwd5-"))]
     both = whole.groupby(["seq", "causal", "step"], sort=False).agg(
         ms=("ms", "sum"), err_vs_cudnn=("err_vs_cudnn", "max")
     )

@@ -45,7 +45,9 @@ def suite() -> list[Variant]:
 
 # (forward, backward) kernel sets built where the sm90 path covers a variant: what the public path and the
 # benchmark's columns can run.
-SM90_KERNEL_SETS = (("portable", "portable"), ("hopper", "hopper"), ("gluon", "portable"))
+SM90_KERNEL_SETS = (
+    ("portable", "portable"), ("hopper", "hopper"), ("gluon", "portable"), ("gluon", "hopper5")
+)  # fmt: skip
 
 
 def _compile_one(job: tuple[Variant, tuple]) -> tuple[Variant, float, str]:
