@@ -1,4 +1,5 @@
-"""Generated blocks of docs/leaderboard.md: the ablation of leaderboard-8b and the large-8k analogue."""
+"""Generated blocks of docs/leaderboard.md: the ablation of leaderboard-8b, the large-8k analogue and the
+single-GPU proxy's runs."""
 
 from __future__ import annotations
 
@@ -135,3 +136,47 @@ def result() -> str:
         "peak memory per GPU (allocated / reserved)",
     ]
     return table(cols, rows)
+
+
+PROXY = "docs/data/leaderboard-proxy-8b-h200-2026-12-01"  # + "" (12:10 UTC) or "b" (15:05 UTC)
+
+
+def _proxy_table(run: str) -> str:
+    """One proxy ablation: each row's median, plan (per block: whole / SwiGLU recomputed / offloaded /
+    kept), held-back bytes, peak memory and allocator retries, from its JSON."""
+    runs = json.loads((ROOT / f"{PROXY}{run}/run.json").read_text())["result"]["runs"]
+    base_s = runs[0]["median_step_seconds"]
+    rows = []
+    for r in runs:
+        info, blocks = r["info"], r["model"]["num_layers"]
+        whole = info.get("checkpointed_blocks", 0)
+        ffn, offloaded = info.get("ffn_checkpointed_blocks", 0), info.get("offloaded_blocks", 0)
+        label = r["label"].removeprefix("proxy (1 GPU for 1 of 2 ranks): ")
+        rows.append(
+            [
+                label.replace(DEFAULT, "full step (our parallel.FSDP: the last row of the ablation)"),
+                num(r["median_step_seconds"], 3),
+                num(r["median_step_seconds"] / base_s, 3),
+                num(100 * r["median_mfu"]),
+                f"{whole} / {ffn} / {offloaded} / {blocks - whole - ffn - offloaded}",
+                num(info.get("proxy_held_back_gib", 0.0)),
+                f"{num(r['peak_memory_gib_per_gpu'])} / {num(r['peak_reserved_gib_per_gpu'])}",
+                num(r["allocator_retries"], 0),
+            ]
+        )
+    cols = ["proxy-8b row (1 GPU for 1 of 2 ranks)", "median s", "× proxy baseline", "MFU %",
+            "plan: whole / SwiGLU / offloaded / kept", "held back GiB", "peak GiB (allocated / reserved)",
+            "allocator retries"]  # fmt: skip
+    return table(cols, rows)
+
+
+@block("leaderboard.proxy-first")
+def proxy_first() -> str:
+    """12:10 UTC: 24 GiB headroom, ``ln1`` compiled, the offload tier before its density fix."""
+    return _proxy_table("")
+
+
+@block("leaderboard.proxy")
+def proxy() -> str:
+    """The current code: ``ln1`` compiled again, the offload tier copying each storage once (32 GiB)."""
+    return _proxy_table("b")
