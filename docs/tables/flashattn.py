@@ -295,3 +295,21 @@ def head_shape() -> str:
         "cuDNN / ours",
     ]
     return table(cols, rows)
+
+
+FEATURES = "docs/data/flashattn-features-2026-12-01b.csv"
+
+
+@block("flashattn.features")
+def features() -> str:
+    """``python -m flashattn.bench --only features`` at 15:10 UTC: every row of its CSV."""
+    d = pd.read_csv(ROOT / FEATURES).fillna("")
+    rows = [
+        [r["feature"], r["ours"], r["reference"], r["pass"], num(r["ours ms"], 3), num(r["reference ms"], 3),
+         num(r["ours TFLOP/s"]), num(r["reference TFLOP/s"]), num(r["flop ratio"], 2), r["metric"],
+         num(r["ratio"], 3), r["target"], r["met"]]
+        for _, r in d.iterrows()
+    ]  # fmt: skip
+    cols = ["feature", "ours", "reference", "pass", "ours ms", "reference ms", "ours TFLOP/s",
+            "reference TFLOP/s", "flop ratio", "metric", "ratio", "target", "met"]  # fmt: skip
+    return table(cols, rows, [False] * 4 + [True] * 5 + [False, True, False, False])
