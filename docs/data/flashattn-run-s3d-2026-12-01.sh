@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 3, call D: flashattn's GPU tests on the merged tree (five-product backward, split dK/dV at d 256), then
+# flashattn's GPU tests on the merged tree (five-product backward, split dK/dV at d 256), then
 # the features benchmark (GQA, d 256 with the split, packed documents, window) in one run
 mkdir -p $OUT/logs/features; L=$OUT/logs; t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s" | tee -a $L/summary.txt; }

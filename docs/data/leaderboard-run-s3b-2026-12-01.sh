@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 3, call B: the leaderboard's GPU tests of the fixed offload tier and the fused block pieces, then the
+# the leaderboard's GPU tests of the fixed offload tier and the fused block pieces, then the
 # proxy ablation (baseline, full step, offload tier, +-8 GiB headroom) planned with 32 GiB headroom
 mkdir -p $OUT/logs $OUT/logs/proxy; L=$OUT/logs; t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s" | tee -a $L/summary.txt; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 3, call C: the leaderboard GPU tests after the ln1 / offload fixes, the proxy ablation again (32 GiB
+# the leaderboard GPU tests after the ln1 / offload fixes, the proxy ablation again (32 GiB
 # headroom), and the split dK/dV candidates at d 256 against the fused one
 mkdir -p $OUT/logs/proxy $OUT/logs/tune; L=$OUT/logs; t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s" | tee -a $L/summary.txt; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 3, call A: the two compiled-vs-eager cells run F could not finish (xl bf16 train, 10B fp32 forward), 5 + 10 steps
+# the two compiled-vs-eager cells run F could not finish (xl bf16 train, 10B fp32 forward), 5 + 10 steps
 mkdir -p $OUT/logs; L=$OUT/logs; t0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - t0 )) s" | tee -a $L/summary.txt; }
 stamp xl
