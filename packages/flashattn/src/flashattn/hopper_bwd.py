@@ -83,6 +83,33 @@ def dq_kernel(
 
 
 @triton.jit
+def dv_and_dscores(
+    dv, k, v, desc_q, desc_do, lse_base, delta_base, b, h, offs_n, start_m, seq_q, causal_shift, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """Query tile ``start_m`` of head ``h`` against one key tile, transposed (rows are keys): its ``q``,
+    ``dv`` plus ``P^T dO``, and ``dS^T`` in fp32 (the dK/dV programs of both Hopper backwards)."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = desc_q.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    if MASKED:
+        lse2 = tl.load(lse_base + offs_m, mask=offs_m < seq_q, other=0.0) * LOG2E
+    else:
+        lse2 = tl.load(lse_base + offs_m) * LOG2E
+    probs_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
+    if MASKED:
+        visible = offs_m[None, :] < seq_q
+        if CAUSAL:
+            visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
+        probs_t = tl.where(visible, probs_t, 0.0)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < seq_q, other=0.0)
+    else:
+        delta = tl.load(delta_base + offs_m)
+    do = desc_do.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    dv = tl.dot(probs_t.to(do.dtype), do, dv)
+    return q, dv, probs_t * (tl.dot(v, do.T) - delta[None, :])
+
+
+@triton.jit
 def _dkdv_queries(
     dk, dv, k, v, desc_q, desc_do, lse_base, delta_base, b, h, offs_n, start, end, seq_q, causal_shift,
     qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -90,24 +117,10 @@ def _dkdv_queries(
 ):  # fmt: skip
     """Query tiles ``[start, end)`` of head ``h`` against one key tile, transposed (rows are keys)."""
     for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WARP_SPEC):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = desc_q.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
-        if MASKED:
-            lse2 = tl.load(lse_base + offs_m, mask=offs_m < seq_q, other=0.0) * LOG2E
-        else:
-            lse2 = tl.load(lse_base + offs_m) * LOG2E
-        probs_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
-        if MASKED:
-            visible = offs_m[None, :] < seq_q
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
-            probs_t = tl.where(visible, probs_t, 0.0)
-            delta = tl.load(delta_base + offs_m, mask=offs_m < seq_q, other=0.0)
-        else:
-            delta = tl.load(delta_base + offs_m)
-        do = desc_do.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
-        dv = tl.dot(probs_t.to(do.dtype), do, dv)
-        dscores_t = probs_t * (tl.dot(v, do.T) - delta[None, :])
+        q, dv, dscores_t = dv_and_dscores(
+            dv, k, v, desc_q, desc_do, lse_base, delta_base, b, h, offs_n, start_m, seq_q, causal_shift,
+            qk_scale, HEAD_DIM, BLOCK_M, MASKED, CAUSAL,
+        )  # fmt: skip
         dk = tl.dot(dscores_t.to(q.dtype), q, dk)
     return dk, dv
 

@@ -22,6 +22,8 @@ first programs of a wave wait one step each, later waves inherit the stagger fro
 import triton
 import triton.language as tl
 
+from flashattn.hopper_bwd import dv_and_dscores
+
 LOG2E = tl.constexpr(1.4426950408889634)
 TURN_STRIDE = tl.constexpr(32)  # int32s between two tiles' counters: one 128-byte line each, no false sharing
 
@@ -100,24 +102,11 @@ def _queries(
 ):  # fmt: skip
     """Query tiles ``[start, end)`` of head ``h`` against key tile ``tile``, transposed (rows are keys)."""
     for start_m in range(start, end, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = desc_q.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
-        if MASKED:
-            lse2 = tl.load(lse_base + offs_m, mask=offs_m < seq_q, other=0.0) * LOG2E
-        else:
-            lse2 = tl.load(lse_base + offs_m) * LOG2E
-        probs_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
-        if MASKED:
-            visible = offs_m[None, :] < seq_q
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= offs_m[None, :] + causal_shift)
-            probs_t = tl.where(visible, probs_t, 0.0)
-            delta = tl.load(delta_base + offs_m, mask=offs_m < seq_q, other=0.0)
-        else:
-            delta = tl.load(delta_base + offs_m)
-        do = desc_do.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
-        dv = tl.dot(probs_t.to(do.dtype), do, dv)
-        dscores_t = (probs_t * (tl.dot(v, do.T) - delta[None, :])).to(q.dtype)
+        q, dv, dscores_t = dv_and_dscores(
+            dv, k, v, desc_q, desc_do, lse_base, delta_base, b, h, offs_n, start_m, seq_q, causal_shift,
+            qk_scale, HEAD_DIM, BLOCK_M, MASKED, CAUSAL,
+        )  # fmt: skip
+        dscores_t = dscores_t.to(q.dtype)
         if CAUSAL:  # the last key tile the tile's last query sees
             last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1
             n_last = tl.minimum(last_row + causal_shift, seq_k - 1) // BLOCK_N
