@@ -149,20 +149,22 @@ def launch_delta(o: Tensor, do: Tensor, varlen: Varlen | None = None, block_m: i
 def launch_dkdv(
     q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse: Tensor, delta: Tensor, causal: bool, cfg: TileConfig,
     window: Window = None, varlen: Varlen | None = None, outputs: str = "dkdv",
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """``dK, dV`` (k's and v's dtype and layout), each summed over its group of query heads; ``outputs``
-    ``"dk"`` or ``"dv"`` computes only that one (the other is returned unwritten)."""
+    ``"dk"`` or ``"dv"`` computes only that one (the other is ``None``)."""
     if outputs not in ("dkdv", "dk", "dv"):
         raise ValueError(f"outputs must be 'dkdv', 'dk' or 'dv', got {outputs!r}")
     s = _shape(q, k, varlen)
     opts = _common(q, causal, window, cfg)
     left, right = opts.pop("_bounds")
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk = torch.empty_like(k) if outputs != "dv" else None
+    dv = torch.empty_like(v) if outputs != "dk" else None
+    out_k, out_v = (dk if dk is not None else dv), (dv if dv is not None else dk)  # the unwritten one aliases
     grid = (triton.cdiv(s.seq_k, cfg.block_n) * s.batch * s.kv_heads,)
     if grid[0]:
         dkdv_kernel[grid](
-            q, k, v, do, lse, delta, dk, dv, s.cu_q, s.cu_k,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+            q, k, v, do, lse, delta, out_k, out_v, s.cu_q, s.cu_k,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out_k), *_strides(out_v),
             *_lse_strides(lse), s.kv_heads, *_sizes(s, q, left, right)[1:],
             LOG2E / math.sqrt(q.shape[-1]), 1.0 / math.sqrt(q.shape[-1]), VARLEN=varlen is not None,
             WANT_DK=outputs != "dv", WANT_DV=outputs != "dk", **opts,
