@@ -140,3 +140,30 @@ def test_bad_cu_seqlens_are_refused(cu_q, max_q, match):
     q = torch.randn(9, 2, 16)
     with pytest.raises(ValueError, match=match):
         flash_attention_varlen(q, q, q, cu_q, cu([4, 5]), max_q, 5)
+
+
+def test_cu_seqlens_are_read_on_the_host_once_per_tensor(monkeypatch):
+    """The check of the same cu_seqlens in every call (as in every layer of a model) reads it once; an
+    in-place change is read again and checked; another tensor with the same values is read anew. (The
+    PyTorch fallback itself reads the lengths per call: it loops over the documents in Python.)"""
+    from flashattn.varlen import check_cu_seqlens
+
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or tolist(t))
+    cu_q = cu([4, 5])
+
+    def check(c, total=9):
+        reads.clear()
+        check_cu_seqlens(c, "cu_seqlens_q", total, 5, c.device)
+        return len(reads)
+
+    assert check(cu_q) == 1 and check(cu_q) == 0 and check(cu_q) == 0
+    with pytest.raises(ValueError, match="must rise from 0 to 10"):  # another total is checked anew
+        check(cu_q, total=10)
+    cu_q[1] = 5
+    assert check(cu_q) == 1 and check(cu_q) == 0
+    cu_q[2] = 8
+    with pytest.raises(ValueError, match="must rise from 0 to 9"):
+        check(cu_q)
+    assert check(cu([4, 5])) == 1

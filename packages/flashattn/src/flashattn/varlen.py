@@ -9,6 +9,7 @@ A query row that sees no key (a document with no keys, or causal with more queri
 """
 
 import itertools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -42,27 +43,46 @@ def positions_in_documents(cu_seqlens: Tensor) -> Tensor:
     )
 
 
-def check_cu_seqlens(cu: Tensor, name: str, total: int, max_seqlen: int, device: torch.device) -> None:
-    """``cu``: int32 ``(docs + 1,)`` on ``device``, rising from 0 to ``total``, longest <= ``max_seqlen``.
+# id(cu) -> (weak reference to cu, cu._version, packed total, longest document) of the tensors whose values
+# were checked, so a model that passes one cu_seqlens to every layer reads it on the host once
+_checked: dict[int, tuple[weakref.ref, int, int, int]] = {}
 
-    Reads the values on the host (one small copy)."""
-    if not isinstance(cu, Tensor) or cu.dtype != torch.int32 or cu.ndim != 1 or cu.numel() < 2:
-        what = f"{cu.dtype} {tuple(cu.shape)}" if isinstance(cu, Tensor) else type(cu).__name__
-        raise ValueError(f"{name} must be an int32 tensor (docs + 1,) with at least 2 entries, got {what}")
-    if cu.device != device:
-        raise ValueError(f"{name} is on {cu.device} but q is on {device}; they must match")
+
+def _longest(cu: Tensor, name: str, total: int) -> int:
+    """The longest document of ``cu`` after checking it rises from 0 to ``total``; read on the host once per
+    tensor and total (again after an in-place change, which bumps ``cu._version``)."""
+    seen = _checked.get(id(cu))
+    if seen is not None and seen[0]() is cu and seen[1:3] == (cu._version, total):
+        return seen[3]
     values = cu.tolist()
     lengths = [b - a for a, b in itertools.pairwise(values)]
     if values[0] != 0 or values[-1] != total or min(lengths) < 0:
         raise ValueError(
             f"{name} must rise from 0 to {total} (the packed length), got {values[:4]}...{values[-2:]}"
         )
-    if not isinstance(max_seqlen, int) or max(lengths) > max_seqlen:
-        raise ValueError(f"max_seqlen for {name} must be an int >= the longest document {max(lengths)}, "
+    key = id(cu)
+    _checked[key] = (weakref.ref(cu, lambda _, key=key: _checked.pop(key, None)), cu._version, total,
+                     max(lengths))  # fmt: skip
+    return max(lengths)
+
+
+def check_cu_seqlens(cu: Tensor, name: str, total: int, max_seqlen: int, device: torch.device) -> None:
+    """``cu``: int32 ``(docs + 1,)`` on ``device``, rising from 0 to ``total``, longest <= ``max_seqlen``.
+
+    The values are read on the host (one small copy) the first time a tensor is checked, and again only after
+    it changes in place."""
+    if not isinstance(cu, Tensor) or cu.dtype != torch.int32 or cu.ndim != 1 or cu.numel() < 2:
+        what = f"{cu.dtype} {tuple(cu.shape)}" if isinstance(cu, Tensor) else type(cu).__name__
+        raise ValueError(f"{name} must be an int32 tensor (docs + 1,) with at least 2 entries, got {what}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}; they must match")
+    longest = _longest(cu, name, total)
+    if not isinstance(max_seqlen, int) or longest > max_seqlen:
+        raise ValueError(f"max_seqlen for {name} must be an int >= the longest document {longest}, "
                          f"got {max_seqlen!r}")  # fmt: skip
 
 
-def _check(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, values: bool = True) -> None:
+def _check(q, k, v, cu_q, cu_k, max_q, max_k, is_causal) -> None:
     check_tensors(q, k, v, (torch.float16, torch.bfloat16, torch.float32, torch.float64), min_ndim=3)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 3:
@@ -74,9 +94,8 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, values: bool = True) ->
         )
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if values:
-        check_cu_seqlens(cu_q, "cu_seqlens_q", q.shape[0], max_q, q.device)
-        check_cu_seqlens(cu_k, "cu_seqlens_k", k.shape[0], max_k, q.device)
+    check_cu_seqlens(cu_q, "cu_seqlens_q", q.shape[0], max_q, q.device)
+    check_cu_seqlens(cu_k, "cu_seqlens_k", k.shape[0], max_k, q.device)
     if cu_q.numel() != cu_k.numel():
         raise ValueError(
             f"cu_seqlens_q has {cu_q.numel()} entries but cu_seqlens_k {cu_k.numel()}; one per document"
@@ -117,8 +136,8 @@ def flash_attention_varlen(
 ) -> Tensor:  # fmt: skip
     """Attention ``(total_q, H_q, d)`` of packed documents with autograd (layout in the module docstring).
 
-    Checks the cumulative lengths on the host (one small copy per call); :func:`packed_attention` checks them
-    once for every layer of a model.
+    Checks the cumulative lengths on the host the first time each tensor is seen (one small copy), so passing
+    the same ``cu_seqlens`` to every layer of a model reads it once.
     """
     window = check_window(window)
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal)
@@ -141,7 +160,7 @@ def packed_attention(cu_seqlens: Tensor, max_seqlen: int, window: Window = None)
         if batch * seq != total:
             raise ValueError(f"q has {batch} x {seq} tokens but cu_seqlens packs {total}")
         packed = [t.transpose(1, 2).reshape(batch * seq, t.shape[1], t.shape[3]) for t in (q, k, v)]
-        _check(*packed, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal, values=False)
+        _check(*packed, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal)  # values read once, above
         out = _run(*packed, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal, window)
         return out.reshape(batch, seq, *out.shape[1:]).transpose(1, 2)
 
