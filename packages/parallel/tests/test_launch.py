@@ -113,3 +113,45 @@ def test_torchrun_returns_values_and_blames_the_rank_that_raised():
     assert torchrun(_sum_ranks, 2, 1.0) == [3.0, 3.0]
     with pytest.raises(WorkerError, match=r"^rank 1 of 2 failed: exit code 1(.|\n)*boom from rank one"):
         torchrun(_rank_one_dies, 2, "raise")
+
+
+_AFTER_COMPILED_BACKWARD = """
+import sys, torch
+from parallel.launch import _fork_runs_autograd, spawn
+sys.path.insert(0, sys.argv[1])
+from ranks_module import sum_ranks
+
+before = _fork_runs_autograd()
+torch.compile(lambda t: t.sin().sum())(torch.ones(3, requires_grad=True)).backward()
+print("fork ok before / after:", before, _fork_runs_autograd())
+print("spawned:", spawn(sum_ranks, 2, backend="gloo", timeout=90))
+for kwargs in ({}, {"start_method": "fork"}):
+    try:
+        spawn(lambda rank, world_size: rank, 2, backend="gloo", timeout=90, **kwargs)
+    except (ValueError, RuntimeError) as error:
+        print(type(error).__name__, error)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_workers_are_spawned_once_forked_ones_could_not_run_autograd(tmp_path):
+    """After a compiled backward a forked child fails in autograd (torch's limitation): spawn() then starts
+    its workers fresh, with a module-level function, and refuses a local one or an explicit fork by name."""
+    import subprocess
+    import sys
+
+    (tmp_path / "ranks_module.py").write_text(
+        "import torch, torch.distributed as dist\n"
+        "def sum_ranks(rank, world_size):  # a collective, then autograd\n"
+        "    t = torch.tensor([rank + 1.0]); dist.all_reduce(t)\n"
+        "    x = torch.ones(1, requires_grad=True); (x * t).sum().backward(); return x.grad.item()\n"
+    )
+    command = [sys.executable, "-c", _AFTER_COMPILED_BACKWARD, str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "fork ok before / after: True False" in out
+    assert "spawned: [3.0, 3.0]" in out
+    assert "ValueError this process has run the backward of a torch.compile'd function" in out
+    assert "needs a module-level function; got '<lambda>'" in out
+    assert "RuntimeError start_method='fork' cannot work" in out

@@ -38,4 +38,4 @@ def launch(job: Job) -> dict | None:
     print(f"launching {job.ranks} ranks", flush=True)
     if job.use_gpus:
         return torchrun(run_job, job.ranks, job)[0]
-    return spawn(run_job, job.ranks, job, backend="gloo", timeout=job.timeout, start_method="fork")[0]
+    return spawn(run_job, job.ranks, job, backend="gloo", timeout=job.timeout)[0]

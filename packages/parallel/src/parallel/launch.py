@@ -128,6 +128,35 @@ def _picklable(fn: Callable[..., Any]) -> Callable[..., Any] | _FunctionByFile:
     return _FunctionByFile(fn.__module__, fn.__qualname__, code.co_filename)
 
 
+def _fork_runs_autograd() -> bool:
+    """Whether a child forked now can run autograd: it cannot once this process has run the backward of a
+    ``torch.compile``'d function (autograd's engine threads do not survive a fork; torch raises in the child).
+    Probed with one forked child running a one-element backward."""
+    pid = os.fork()
+    if pid == 0:  # the child: exit at once, without the parent's atexit handlers
+        try:
+            torch.ones(1, requires_grad=True).sum().backward()
+        except RuntimeError:
+            os._exit(1)
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def cpu_start_method(fn: Callable[..., Any], requested: str | None = None) -> str:
+    """``requested``, or ``fork`` (fast, and test-local functions work) unless forked children could not run
+    autograd, then ``spawn``; refuses before starting anything what cannot work, naming why."""
+    if requested not in (None, "fork") or _fork_runs_autograd():
+        return requested or "fork"
+    why = ("this process has run the backward of a torch.compile'd function, after which forked workers "
+           "cannot run autograd")  # fmt: skip
+    if requested == "fork":
+        raise RuntimeError(f"start_method='fork' cannot work: {why}; use start_method='spawn'")
+    if _picklable(fn) is fn:
+        raise ValueError(f"{why}, so they are spawned, which needs a module-level function; got "
+                         f"{getattr(fn, '__qualname__', fn)!r}")  # fmt: skip
+    return "spawn"
+
+
 def call_rank(fn, rank: int, world_size: int, args: tuple = ()) -> Any:
     """``fn(rank, world_size, *args)``; a rank that lost a peer waits before raising (see Blame)."""
     if isinstance(fn, _FunctionByFile):
@@ -182,9 +211,10 @@ def spawn(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return values by rank.
 
-    ``start_method`` defaults to ``fork`` for gloo (so test-local functions work) and ``spawn``
-    for NCCL (CUDA cannot be forked); with ``spawn`` ``fn`` must be a module-level function (of an
-    importable module or of a file the child can load, such as a test file). Raises ``WorkerError``
+    ``start_method`` defaults to ``fork`` for gloo (so test-local functions work; ``spawn`` once forked
+    children could not run autograd, see :func:`cpu_start_method`) and ``spawn`` for NCCL (CUDA cannot be
+    forked); with ``spawn`` ``fn`` must be a module-level function (of an importable module or of a file the
+    child can load, such as a test file). Raises ``WorkerError``
     naming the first rank that failed, ``TimeoutError`` naming the ranks still running after ``timeout``.
     """
     if world_size < 1:
@@ -193,7 +223,8 @@ def spawn(
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         found = torch.cuda.device_count()
         raise ValueError(f"NCCL with world_size={world_size} needs that many GPUs, found {found}")
-    start_method = start_method or ("spawn" if backend == "nccl" else "fork")
+    nccl = backend == "nccl"
+    start_method = (start_method or "spawn") if nccl else cpu_start_method(fn, start_method)
     if start_method == "fork":
         # torch.optim imports torch._dynamo on the first step (seconds); once here, shared by every fork.
         importlib.import_module("torch._dynamo")
@@ -255,7 +286,8 @@ def torchrun(fn: Callable[..., Any], nproc_per_node: int, *args: Any, monitor_in
 
     Each process joins the default group (NCCL with one GPU each where CUDA is present, gloo otherwise)
     before calling ``fn``; with CUDA the processes are started fresh (``spawn``), so ``fn`` must then be
-    a module-level function; on a CPU they are forked. Raises ``WorkerError``
+    a module-level function; on a CPU they are forked (spawned where :func:`cpu_start_method` says so).
+    Raises ``WorkerError``
     naming the failed rank, its exit code or signal and its exception.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -272,7 +304,7 @@ def torchrun(fn: Callable[..., Any], nproc_per_node: int, *args: Any, monitor_in
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=0,
         monitor_interval=monitor_interval,
-        start_method="spawn" if torch.cuda.is_available() else "fork",  # CUDA cannot be forked
+        start_method="spawn" if torch.cuda.is_available() else cpu_start_method(fn),  # CUDA cannot be forked
     )
     try:
         values = elastic_launch(config, _elastic_entry)(_picklable(fn), args)
