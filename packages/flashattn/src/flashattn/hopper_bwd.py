@@ -125,24 +125,20 @@ def _dkdv_queries(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["n_heads", "group", "n_bhk", "seq_q", "seq_k"])
-def dkdv_kernel(
-    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA,
-    n_heads, group, n_bhk, seq_q, seq_k, qk_scale, sm_scale,
+@triton.jit
+def key_tile(
+    desc_k, desc_v, tile, bhk, n_kv_heads, seq_q, seq_k,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    TILE_MAJOR: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):  # fmt: skip
-    """``dK, dV`` of ``BLOCK_N`` keys of one K/V head, over its ``group`` query heads; early keys go first."""
-    n_tiles = tl.cdiv(seq_k, BLOCK_N)
-    tile, bhk = work_item(tl.program_id(0), n_tiles, n_bhk, TILE_MAJOR)
-    n_kv_heads = n_heads // group
+    """A dK/dV program's key tile (both Hopper backwards): ``b, hk, start_n, offs_n``, its ``k, v``, the
+    causal shift, ``full_q`` (the rows of whole query tiles) and ``[start, diag_end)``: the query rows whose
+    tiles cross the causal diagonal, to be masked (rows before ``start`` see none of these keys); empty when
+    not causal."""
     b, hk = bhk // n_kv_heads, bhk % n_kv_heads
     start_n = tile * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     causal_shift = seq_k - seq_q
     full_q = seq_q // BLOCK_M * BLOCK_M
     if CAUSAL:  # query i sees key j iff i >= j - shift: skip earlier query tiles, mask those on the diagonal
@@ -154,6 +150,24 @@ def dkdv_kernel(
     else:
         start = 0
         diag_end = 0
+    return b, hk, start_n, offs_n, k, v, causal_shift, full_q, start, diag_end
+
+
+@triton.jit(do_not_specialize=["n_heads", "group", "n_bhk", "seq_q", "seq_k"])
+def dkdv_kernel(
+    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA,
+    n_heads, group, n_bhk, seq_q, seq_k, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    TILE_MAJOR: tl.constexpr, WARP_SPEC: tl.constexpr,
+):  # fmt: skip
+    """``dK, dV`` of ``BLOCK_N`` keys of one K/V head, over its ``group`` query heads; early keys go first."""
+    n_tiles = tl.cdiv(seq_k, BLOCK_N)
+    tile, bhk = work_item(tl.program_id(0), n_tiles, n_bhk, TILE_MAJOR)
+    b, hk, start_n, offs_n, k, v, causal_shift, full_q, start, diag_end = key_tile(
+        desc_k, desc_v, tile, bhk, n_heads // group, seq_q, seq_k, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for g in range(group):
         h = hk * group + g
         row_base = (b * n_heads + h).to(tl.int64) * seq_q

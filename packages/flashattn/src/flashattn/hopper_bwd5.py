@@ -22,7 +22,7 @@ first programs of a wave wait one step each, later waves inherit the stagger fro
 import triton
 import triton.language as tl
 
-from flashattn.hopper_bwd import dv_and_dscores
+from flashattn.hopper_bwd import dv_and_dscores, key_tile
 
 LOG2E = tl.constexpr(1.4426950408889634)
 TURN_STRIDE = tl.constexpr(32)  # int32s between two tiles' counters: one 128-byte line each, no false sharing
@@ -135,26 +135,12 @@ def dkdvdq_kernel(
     n_tiles = tl.cdiv(seq_k, BLOCK_N)
     pid = tl.program_id(0)
     tile, bhk = n_tiles - 1 - pid % n_tiles, pid // n_tiles  # key tiles descending inside a head
-    n_kv_heads = n_heads // group
-    b, hk = bhk // n_kv_heads, bhk % n_kv_heads
-    start_n = tile * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = desc_k.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-    v = desc_v.load([b, hk, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    b, hk, start_n, offs_n, k, v, causal_shift, full_q, start, diag_end = key_tile(
+        desc_k, desc_v, tile, bhk, n_heads // group, seq_q, seq_k, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL
+    )
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    causal_shift = seq_k - seq_q
     n_m_tiles = tl.cdiv(seq_q, BLOCK_M)
-    full_q = seq_q // BLOCK_M * BLOCK_M
-    if CAUSAL:  # query i sees key j iff i >= j - shift: skip earlier query tiles, mask those on the diagonal
-        start = tl.maximum(start_n - causal_shift, 0) // BLOCK_M * BLOCK_M
-        diag_end = tl.minimum(
-            tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_shift, 0), BLOCK_M) * BLOCK_M,
-            n_m_tiles * BLOCK_M,
-        )
-    else:
-        start = 0
-        diag_end = 0
     for g in range(group):
         h = hk * group + g
         bh = b * n_heads + h
