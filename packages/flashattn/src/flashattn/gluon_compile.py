@@ -16,7 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = {"default": {}, "no-overlap": {"overlap": False}, "one-consumer": {"consumers": 1}}
+VARIANTS = {"default": {}, "no-overlap": {"overlap": False}, "one-consumer": {"consumers": 1},
+            "pingpong": {"pingpong": True}}
 
 
 def compile_sm90(head_dim: int, changes: dict, causal: bool) -> dict:
@@ -40,7 +41,7 @@ def compile_sm90(head_dim: int, changes: dict, causal: bool) -> dict:
     )
     constants = {"HEAD_DIM": head_dim, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
                  "STAGES": tile.stages, "CAUSAL": causal, "CONSUMERS": tile.consumers,
-                 "OVERLAP": tile.overlap}  # fmt: skip
+                 "OVERLAP": tile.overlap, "PINGPONG": tile.pingpong}  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
     start = time.perf_counter()
     kernel = triton.compile(

@@ -8,8 +8,9 @@ One program owns ``2 * BLOCK_M`` query rows of one (batch, head). Three partitio
 - two consumer warpgroups (4 warps each, the default partition and one worker), each on ``BLOCK_M`` rows,
   sharing every K/V tile. Inside a warpgroup, ``S_j = Q K_j^T`` is issued asynchronously before the
   softmax of ``S_{j-1}`` and the product ``O += P_{j-1} V_{j-1}`` run, so the tensor cores work while the
-  warpgroup does exponentials (FlashAttention-3's intra-warpgroup pipelining); the two warpgroups are not
-  ordered against each other, so the warp schedulers interleave one's softmax with the other's products.
+  warpgroup does exponentials (FlashAttention-3's intra-warpgroup pipelining). With ``PINGPONG`` the two
+  warpgroups take turns to issue their products (two mbarriers pass the turn back and forth), so one's
+  softmax runs while the other's products do; without it the warp schedulers interleave them as they come.
 
 ``P`` stays in registers as the A operand of the second product (no shared-memory round trip). Scores are in
 base-2 units (``qk_scale = log2(e) / sqrt(d)``); only tiles at the causal diagonal or the keys' end are
@@ -39,7 +40,7 @@ def _load_partition(
     ``loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)``."""
     desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv = loads
     q_smem, k_smem, v_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    q_bar, k_ready, k_empty, v_ready, v_empty, _ = bars
     for half in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bar.index(half), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(
@@ -58,6 +59,24 @@ def _load_partition(
         tma.async_copy_global_to_shared(
             desc_v, [b, hk, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot)
         )
+
+
+@gluon.jit
+def _wait_turn(turn, t, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """Before issuing its ``t``-th group of products, a consumer waits until the other has issued as many
+    (consumer 0 goes first: its ``t``-th turn follows consumer 1's ``t - 1``-th)."""
+    if PINGPONG:
+        if HALF == 1 or t > 0:
+            mbarrier.wait(turn.index(HALF), (t + HALF + 1) & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """After issuing a group of products, hand the turn to the other consumer. One thread arrives, after a
+    barrier of the warpgroup: every warp has then passed its wait, so none can miss that phase."""
+    if PINGPONG:
+        gl.thread_barrier()
+        mbarrier.arrive(turn.index(1 - HALF), count=1)
 
 
 @gluon.jit
@@ -85,28 +104,32 @@ def _softmax_step(
 def _overlapped(
     q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-    p_layout: gl.constexpr,
+    p_layout: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """The key loop with ``S_j = Q K_j^T`` issued before ``O += P_{j-1} V_{j-1}`` and the softmax of
-    ``S_j`` computed while that product runs."""
-    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ring
+    ``S_j`` computed while that product runs; ``n_kv + 1`` groups of products, each issued in turn."""
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn = ring
     acc, row_max, row_sum = state
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(k_ready.index(0), 0)
     k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    _wait_turn(turn, 0, HALF, PINGPONG)
     s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
+    _pass_turn(turn, HALF, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
     p, row_max, row_sum, alpha = _softmax_step(s, row_max, row_sum, 0, mask, BLOCK_N, CAUSAL, s_layout)
     p = gl.convert_layout(p.to(q.dtype), p_layout)
     for j in range(1, n_kv):
         slot = j % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)  # next scores, issued first
         prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        _wait_turn(turn, j, HALF, PINGPONG)
+        s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)  # next scores, issued first
         acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        _pass_turn(turn, HALF, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # the scores are done; P V may still run
         mbarrier.arrive(k_empty.index(slot), count=1)
         p_next, row_max, row_sum, alpha = _softmax_step(
@@ -119,7 +142,9 @@ def _overlapped(
         p = p_next
     last = (n_kv - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((n_kv - 1) // STAGES) & 1)
+    _wait_turn(turn, n_kv, HALF, PINGPONG)
     acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+    _pass_turn(turn, HALF, PINGPONG)
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
     mbarrier.arrive(v_empty.index(last), count=1)
     return acc, row_max, row_sum
@@ -132,7 +157,7 @@ def _sequential(
     p_layout: gl.constexpr,
 ):  # fmt: skip
     """The key loop without overlap inside the warpgroup (the ablation's baseline): scores, softmax, P V."""
-    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ring
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, _ = ring
     acc, row_max, row_sum = state
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for j in range(n_kv):
@@ -156,7 +181,7 @@ def _sequential(
 @gluon.jit
 def _consumer(
     part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup's ``BLOCK_M`` query rows (part ``HALF`` of the program's tile) over all key tiles.
 
@@ -166,7 +191,7 @@ def _consumer(
     desc_o, LSE, o_smem = out
     b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale = where
     q_smem, k_smem, v_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    q_bar, k_ready, k_empty, v_ready, v_empty, turn = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -186,7 +211,7 @@ def _consumer(
         gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout)),
     )
     mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)
-    ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty)
+    ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn)
     q = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_bar.index(HALF), 0)
     if OVERLAP:
@@ -204,6 +229,8 @@ def _consumer(
             s_layout,
             o_layout,
             p_layout,
+            HALF,
+            PINGPONG,
         )
     else:
         acc, row_max, row_sum = _sequential(
@@ -235,20 +262,22 @@ def _consumer(
 @gluon.jit
 def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """The second consumer warpgroup: the program's upper ``BLOCK_M`` query rows."""
-    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)
+    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)
 
 
 @gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
 def gluon_fwd_kernel(
     desc_q, desc_k, desc_v, desc_o, LSE, n_heads, group, seq_q, seq_k, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """Program ``w``: ``CONSUMERS * BLOCK_M`` query rows (one consumer warpgroup each, 1 or 2), heaviest
-    (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a warpgroup."""
+    (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a warpgroup and
+    ``PINGPONG`` (two consumers, overlapped) makes the two take turns to issue their products."""
+    gl.static_assert(not PINGPONG or (CONSUMERS == 2 and OVERLAP), "PINGPONG needs two overlapped consumers")
     ROWS: gl.constexpr = CONSUMERS * BLOCK_M
     n_tiles = gl.cdiv(seq_q, ROWS)
     w = gl.program_id(0)
@@ -271,6 +300,7 @@ def gluon_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer h's turn: turn[h]
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bar.index(i), count=1)
     for i in gl.static_range(STAGES):
@@ -278,9 +308,11 @@ def gluon_fwd_kernel(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases each slot
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
 
     smem = (q_smem, k_smem, v_smem)
-    bars = (q_bar, k_ready, k_empty, v_ready, v_empty)
+    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turn)
     part = ((desc_o, LSE, o_smem), smem, bars, (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale))
     loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)
     # workers: the second consumer (4 warps, 240 registers) and the loader (1 warp, 24 registers); the default
@@ -288,8 +320,8 @@ def gluon_fwd_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
-                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
                 (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
             ],
             [4, 1],
@@ -298,7 +330,7 @@ def gluon_fwd_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, False)),
                 (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
             ],
             [1],

@@ -56,13 +56,15 @@ class HopperTile(NamedTuple):
 class GluonTile(NamedTuple):
     """Launch shape of the Gluon forward: ``consumers`` warpgroups (1 or 2) of ``block_m`` query rows each
     share ``block_n``-key K/V tiles held in ``stages`` shared-memory slots; ``overlap`` pipelines each
-    warpgroup's key loop (the next ``Q K^T`` issued before the current softmax)."""
+    warpgroup's key loop (the next ``Q K^T`` issued before the current softmax); ``pingpong`` makes two
+    overlapped consumers take turns to issue their products."""
 
     block_m: int = 64
     block_n: int = 128
     stages: int = 2
     consumers: int = 2
     overlap: bool = True
+    pingpong: bool = False
 
     def maxnreg(self) -> int:
         """Registers per thread at entry: the SM's 65 536 over every warp (the loader warp rounds up to a
@@ -246,7 +248,7 @@ def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Ten
         gluon_descriptor(o, t.block_m), lse, heads, heads // heads_k, seq_q, seq_k,
         LOG2E / math.sqrt(head_dim),
         HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.stages, CAUSAL=is_causal,
-        CONSUMERS=t.consumers, OVERLAP=t.overlap, num_warps=4, maxnreg=t.maxnreg(),
+        CONSUMERS=t.consumers, OVERLAP=t.overlap, PINGPONG=t.pingpong, num_warps=4, maxnreg=t.maxnreg(),
     )  # fmt: skip
     return o, lse
 
