@@ -65,7 +65,7 @@ def _load_partition(
 def _wait_turn(turn, t, HALF: gl.constexpr, PINGPONG: gl.constexpr):
     """Before issuing its ``t``-th group of products, a consumer waits until the other has issued as many
     (consumer 0 goes first: its ``t``-th turn follows consumer 1's ``t - 1``-th)."""
-    if PINGPONG:
+    if PINGPONG:  # noqa: SIM102 (a compile-time branch around a run-time one)
         if HALF == 1 or t > 0:
             mbarrier.wait(turn.index(HALF), (t + HALF + 1) & 1)
 
@@ -300,7 +300,7 @@ def gluon_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer h's turn: turn[h]
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer h waits on [h]
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bar.index(i), count=1)
     for i in gl.static_range(STAGES):
