@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 VARIANTS = {"default": {}, "no-overlap": {"overlap": False}, "one-consumer": {"consumers": 1},
-            "pingpong": {"pingpong": True}}
+            "pingpong": {"pingpong": True}, "stages-2": {"stages": 2}, "stages-3": {"stages": 3}}
 
 
 def compile_sm90(head_dim: int, changes: dict, causal: bool) -> dict:

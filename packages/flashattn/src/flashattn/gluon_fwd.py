@@ -292,7 +292,6 @@ def gluon_fwd_kernel(
         n_kv = gl.cdiv(seq_k, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
-    o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_o.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -313,7 +312,9 @@ def gluon_fwd_kernel(
 
     smem = (q_smem, k_smem, v_smem)
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turn)
-    part = ((desc_o, LSE, o_smem), smem, bars, (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale))
+    # each consumer stages its output in its own query slot, free once its last Q K^T has completed (o has
+    # q's dtype and block, so the same layout): the 32 KB at d 128 that let a third K/V slot fit
+    part = ((desc_o, LSE, q_smem), smem, bars, (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale))
     loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)
     # workers: the second consumer (4 warps, 240 registers) and the loader (1 warp, 24 registers); the default
     # partition (the first consumer) gets the rest of maxnreg's budget, also 240 with two consumers
