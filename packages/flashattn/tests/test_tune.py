@@ -18,6 +18,14 @@ def test_candidates_fit_shared_memory(head_dim, dtype):
             assert shared_bytes(kernel, cfg, head_dim, dtype.itemsize) <= SHARED_MEMORY_BYTES, (kernel, cfg)
 
 
+def test_unestimated_lists_add_the_shapes_the_estimate_rules_out():
+    estimated, every = candidates_for(torch.bfloat16, 256), candidates_for(torch.bfloat16, 256, estimate=False)
+    assert estimated.keys() == every.keys()
+    ruled_out = [(k, c) for k, v in every.items() for c in v if c not in estimated[k]]
+    assert all(set(estimated[k]) <= set(v) for k, v in every.items()) and ruled_out
+    assert all(shared_bytes(k, c, 256, 2) > SHARED_MEMORY_BYTES for k, c in ruled_out)
+
+
 def test_split_candidates_for_16_bit_only():
     assert {"dk", "dv"} <= set(candidates_for(torch.bfloat16, 256))
     assert not {"dk", "dv"} & set(candidates_for(torch.float32, 256))

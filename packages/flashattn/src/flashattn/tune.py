@@ -31,12 +31,14 @@ CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
            T(64, 128, 8, 3)],
 }  # fmt: skip
 # Head dim 256 doubles every tile's bytes: narrower tiles, two stages (the others are filtered out).
-WIDE = {"forward": [T(128, 64, 8, 2), T(64, 64, 4, 2), T(128, 32, 8, 2), T(128, 32, 8, 3), T(64, 32, 4, 3)],
+WIDE = {"forward": [T(128, 64, 8, 2), T(64, 64, 4, 2), T(128, 32, 8, 2), T(128, 32, 8, 3), T(64, 32, 4, 3),
+                    T(64, 64, 4, 3), T(128, 64, 8, 3)],
         "dkdv": [T(32, 64, 8, 2), T(32, 64, 8, 3), T(64, 64, 8, 2), T(32, 32, 4, 3), T(32, 64, 4, 2)],
         "dq": [T(64, 32, 4, 2), T(64, 32, 4, 3), T(64, 64, 4, 2), T(128, 32, 8, 2), T(128, 64, 8, 1),
-               T(64, 64, 4, 1), T(64, 32, 4, 1), T(64, 32, 4, 4)],
+               T(64, 64, 4, 1), T(64, 32, 4, 1), T(64, 32, 4, 4), T(128, 32, 8, 3), T(64, 64, 4, 3)],
         "dk": [T(64, 64, 8, 2), T(32, 64, 8, 3), T(32, 128, 8, 2), T(32, 64, 8, 2), T(64, 64, 4, 2),
-               T(64, 128, 8, 1), T(16, 128, 8, 3), T(16, 128, 8, 2), T(32, 128, 8, 1), T(16, 128, 8, 4)],
+               T(64, 128, 8, 1), T(16, 128, 8, 3), T(16, 128, 8, 2), T(32, 128, 8, 1), T(16, 128, 8, 4),
+               T(32, 128, 8, 3)],
         "dv": [T(64, 64, 8, 2), T(32, 128, 8, 3), T(64, 128, 8, 2), T(32, 64, 4, 3), T(64, 64, 4, 2),
                T(128, 128, 8, 1), T(32, 128, 8, 2), T(16, 128, 8, 3), T(32, 128, 8, 4)],
         }  # fmt: skip
@@ -56,12 +58,15 @@ FP32_CANDIDATES = {
 }  # fmt: skip
 
 
-def candidates_for(dtype, head_dim: int = 128) -> dict[str, list[TileConfig]]:
+def candidates_for(dtype, head_dim: int = 128, estimate: bool = True) -> dict[str, list[TileConfig]]:
     """The candidate tile shapes of each kernel (``forward, dkdv, dq``, and for 16-bit inputs ``dk, dv``)
-    for ``dtype`` and ``head_dim`` that fit shared memory."""
+    for ``dtype`` and ``head_dim``: those that fit shared memory by :func:`shared_bytes`'s estimate, or
+    with ``estimate=False`` all of them (the compiler then refuses those that do not fit)."""
     lists = FP32_CANDIDATES if dtype.itemsize == 4 else {**CANDIDATES, **SPLIT}
     if head_dim > 128 and dtype.itemsize < 4:
         lists = {k: WIDE[k] + v for k, v in lists.items()}
+    if not estimate:
+        return lists
     fits = {k: [c for c in v if shared_bytes(k, c, head_dim, dtype.itemsize) <= SHARED_MEMORY_BYTES]
             for k, v in lists.items()}  # fmt: skip
     return {k: v or lists[k][:1] for k, v in fits.items()}
@@ -150,6 +155,11 @@ def main() -> None:
         default=list(KERNELS),
         help="what to time (dk, dv: dK and dV in separate programs; sdpa: SDPA's backends)",
     )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="also time the candidates the shared-memory estimate rules out (failing where they do not fit)",
+    )
     parser.add_argument("--out", type=Path, default=Path("flashattn-tune"), help="folder for tune.csv/.md")
     args = parser.parse_args()
     from flashattn.benchutil import require_cuda
@@ -165,7 +175,8 @@ def main() -> None:
     from flashattn.triton_flash import configs_for
 
     causal, dtype = not args.non_causal, DTYPES[args.dtype]
-    candidates = {k: v for k, v in candidates_for(dtype, args.head_dim).items() if k in args.kernels}
+    lists = candidates_for(dtype, args.head_dim, estimate=not args.all)
+    candidates = {k: v for k, v in lists.items() if k in args.kernels}
     table = configs_for(args.head_dim, dtype)
     shape = (1, args.heads, args.seq, args.head_dim)
     jobs = [(*job, shape, args.dtype, causal) for job in compile_jobs(candidates, table)]
