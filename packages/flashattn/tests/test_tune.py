@@ -19,7 +19,8 @@ def test_candidates_fit_shared_memory(head_dim, dtype):
 
 
 def test_unestimated_lists_add_the_shapes_the_estimate_rules_out():
-    estimated, every = candidates_for(torch.bfloat16, 256), candidates_for(torch.bfloat16, 256, estimate=False)
+    estimated = candidates_for(torch.bfloat16, 256)
+    every = candidates_for(torch.bfloat16, 256, estimate=False)
     assert estimated.keys() == every.keys()
     ruled_out = [(k, c) for k, v in every.items() for c in v if c not in estimated[k]]
     assert all(set(estimated[k]) <= set(v) for k, v in every.items()) and ruled_out
