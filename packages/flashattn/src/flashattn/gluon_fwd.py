@@ -84,18 +84,19 @@ def _softmax_step(
     s, row_max, row_sum, j, mask, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr
 ):
     """Online softmax of score tile ``j``: new row max and sum, the rescale factor, and ``P`` (fp32).
-    ``mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)``: tiles from ``mask_from`` on are masked."""
+    ``mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)``: tiles from ``mask_from`` on are masked.
+    The row max is taken on the unscaled scores and scaled once per row, so each score costs one FMA
+    (``s * qk_scale - max``) before its exponential instead of a multiply and a subtraction."""
     mask_from, offs_m, seq_k, causal_shift, qk_scale = mask
-    s = s * qk_scale
     if j >= mask_from:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = offs_n[None, :] < seq_k
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_shift)
         s = gl.where(visible, s, -float("inf"))
-    new_max = gl.maximum(row_max, gl.max(s, 1))
+    new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)  # qk_scale > 0, so the max commutes with it
     alpha = gl.exp2(row_max - new_max)
-    p = gl.exp2(s - new_max[:, None])
+    p = gl.exp2(s * qk_scale - new_max[:, None])
     row_sum = row_sum * alpha + gl.sum(p, 1)
     return p, new_max, row_sum, alpha
 
