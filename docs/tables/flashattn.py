@@ -313,3 +313,25 @@ def features() -> str:
     cols = ["feature", "ours", "reference", "pass", "ours ms", "reference ms", "ours TFLOP/s",
             "reference TFLOP/s", "flop ratio", "metric", "ratio", "target", "met"]  # fmt: skip
     return table(cols, rows, [False] * 4 + [True] * 5 + [False, True, False, False])
+
+
+HOPPER_MULTIHEAD = "docs/data/flashattn-hopper-multihead-2026-12-01c.csv"
+
+
+@block("flashattn.hopper-multihead")
+def hopper_multihead() -> str:
+    """``python -m flashattn.bench --only multihead`` with every column, 18:36 UTC: TFLOP/s per kernel set and
+    the public path's (``ours``) speed against cuDNN and the portable kernels."""
+    d = pd.read_csv(ROOT / HOPPER_MULTIHEAD)
+    rows = []
+    for _, r in d.iterrows():
+        first = r["pass"] == "fwd"
+        shape = f"{r['batch']}, {r['heads']}/{r['kv_heads']}, {r['seq']}, {r['head_dim']}" if first else ""
+        flash = r["ours TFLOP/s"] / r["sdpa_flash/ours"]  # same FLOPs: rates scale as inverse times
+        rows.append([shape, ("yes" if r["causal"] else "no") if first else "", r["pass"],
+                     num(r["sdpa_cudnn TFLOP/s"], 0), num(flash, 0), num(r["portable TFLOP/s"], 0),
+                     num(r["hopper TFLOP/s"], 0), num(r["gluon TFLOP/s"], 0), num(r["ours TFLOP/s"], 0),
+                     f"{r['sdpa_cudnn/ours']:.2f}", f"{r['portable/ours']:.2f}"])  # fmt: skip
+    cols = ["shape (B, Hq/Hkv, S, d)", "causal", "pass", "cuDNN", "flash", "portable", "hopper", "gluon",
+            "public", "public / cuDNN", "public / portable"]  # fmt: skip
+    return table(cols, rows, [False] * 3 + [True] * 8)
