@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 VARIANTS = {"default": {}, "no-overlap": {"overlap": False}, "one-consumer": {"consumers": 1},
-            "pingpong": {"pingpong": True}, "stages-2": {"stages": 2}, "stages-3": {"stages": 3}}
+            "pingpong": {"pingpong": True}, "stages-2": {"stages": 2}, "stages-3": {"stages": 3},
+            "three-consumers": {"consumers": 3}, "three-consumers-64": {"consumers": 3, "block_n": 64}}
 
 
 def compile_sm90(head_dim: int, changes: dict, causal: bool) -> dict:

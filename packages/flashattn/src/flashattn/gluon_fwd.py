@@ -265,8 +265,17 @@ def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
-    """The second consumer warpgroup: the program's upper ``BLOCK_M`` query rows."""
+    """The second consumer warpgroup: the program's second ``BLOCK_M`` query rows."""
     _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)
+
+
+@gluon.jit
+def _third_consumer(
+    part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """The third consumer warpgroup (``CONSUMERS == 3``): the program's last ``BLOCK_M`` query rows."""
+    _consumer(part, 2, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, False)
 
 
 @gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
@@ -275,7 +284,7 @@ def gluon_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
-    """Program ``w``: ``CONSUMERS * BLOCK_M`` query rows (one consumer warpgroup each, 1 or 2), heaviest
+    """Program ``w``: ``CONSUMERS * BLOCK_M`` query rows (one consumer warpgroup each, 1 to 3), heaviest
     (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a warpgroup and
     ``PINGPONG`` (two consumers, overlapped) makes the two take turns to issue their products."""
     gl.static_assert(not PINGPONG or (CONSUMERS == 2 and OVERLAP), "PINGPONG needs two overlapped consumers")
@@ -317,9 +326,20 @@ def gluon_fwd_kernel(
     # q's dtype and block, so the same layout): the 32 KB at d 128 that let a third K/V slot fit
     part = ((desc_o, LSE, q_smem), smem, bars, (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale))
     loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)
-    # workers: the second consumer (4 warps, 240 registers) and the loader (1 warp, 24 registers); the default
-    # partition (the first consumer) gets the rest of maxnreg's budget, also 240 with two consumers
-    if CONSUMERS == 2:
+    # workers: the other consumers (4 warps each) and the loader (1 warp, 24 registers); the default partition
+    # (the first consumer) gets the rest of maxnreg's budget: 240 with two consumers, 168 with three
+    if CONSUMERS == 3:
+        gl.warp_specialize(
+            [
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, False)),
+                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, False)),
+                (_third_consumer, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+            ],
+            [4, 4, 1],
+            [160, 160, 24],
+        )
+    elif CONSUMERS == 2:
         gl.warp_specialize(
             [
                 (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
