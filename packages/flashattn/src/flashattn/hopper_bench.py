@@ -1,8 +1,9 @@
 """Ablation of the Hopper attention path against SDPA (cuDNN, flash) and the portable Triton kernel.
 
 Steps: the Triton-language kernels' tile tables (``tma-*``), the Gluon forward's variants (``gluon-*``,
-:data:`flashattn.gluon_compile.VARIANTS`: the default, without the pipelined key loop, with one consumer
-warpgroup) and the five-product backward's tiles (``bwd5-*``, :func:`flashattn.hopper.backward5`).
+:data:`flashattn.gluon_compile.VARIANTS`: the default, and one change each, such as without the pipelined
+key loop, one or three consumer warpgroups, ping-pong, other stage counts) and the five-product backward's
+tiles (``bwd5-*``, :func:`flashattn.hopper.backward5`).
 
 One row per (technique step, pass, causal, length): median milliseconds (``triton.testing.do_bench``),
 TFLOP/s (``4 B H Sq Sk d``, halved when causal, x2.5 for the backward), and ratios to SDPA's cuDNN backend and
