@@ -62,7 +62,11 @@ def _plain(q, k, v, do, causal):
     return [o.detach(), lse.detach(), *(t.grad for t in leaves)]
 
 
-BACKWARDS = {"backward": hopper.backward, "backward5": hopper.backward5}
+BACKWARDS = {
+    "backward": hopper.backward,
+    "backward5": hopper.backward5,
+    "gluon_backward": hopper.gluon_backward,
+}
 
 
 def _hopper(q, k, v, do, causal, backward="backward"):

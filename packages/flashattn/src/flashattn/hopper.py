@@ -72,6 +72,17 @@ class GluonTile(NamedTuple):
         return 65536 // (32 * 4 * (self.consumers + 1)) // 8 * 8
 
 
+class GluonBwdTile(NamedTuple):
+    """Launch shape of the Gluon dK/dV kernel: two consumer warpgroups of ``block_n`` keys each walk query
+    tiles of ``block_m`` rows held in ``stages`` shared-memory slots; ``overlap`` issues the next tile's
+    ``S^T, dP^T`` products before the current ``dV, dK`` ones."""
+
+    block_n: int = 64
+    block_m: int = 32
+    stages: int = 3  # overlapped, a warpgroup holds two tiles: the third slot is the one being loaded
+    overlap: bool = True
+
+
 class HopperConfigs(NamedTuple):
     """One :class:`HopperTile` per Triton-language kernel (``dkdv`` and ``dkdvdq`` programs own ``block_n``
     keys, the others ``block_m``) and the Gluon forward's :class:`GluonTile`."""
@@ -81,6 +92,7 @@ class HopperConfigs(NamedTuple):
     dq: HopperTile
     gluon: GluonTile = GluonTile()
     dkdvdq: HopperTile = HopperTile(64, 128, 8, 3)
+    gluon_dkdv: GluonBwdTile = GluonBwdTile()
 
 
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
@@ -294,6 +306,43 @@ def backward(
         *head_counts, batch * heads_k, seq_q, seq_k, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
         TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+def gluon_backward(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`backward` with the dK/dV kernel in Gluon (:mod:`flashattn.gluon_bwd`, sm90 GPUs only); ``D``
+    and ``dQ`` come from the Triton-language dQ kernel, which runs first."""
+    from flashattn.gluon_bwd import gluon_dkdv_kernel
+
+    _check_backward(q, k, v, o, lse, do, is_causal)
+    reason = device_reason(q.device)
+    if reason is not None:
+        raise ValueError(reason)
+    q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    configs = configs_for(head_dim)
+    qk_scale, sm_scale = LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    delta = torch.empty_like(lse)
+    t = configs.dq
+    dq_kernel[(triton.cdiv(seq_q, t.block_m) * batch * heads,)](
+        _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(o, t.block_m),
+        _desc(do, t.block_m), _desc(dq, t.block_m), lse, delta,
+        heads, heads // heads_k, batch * heads, seq_q, seq_k, qk_scale, sm_scale,
+        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
+        TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
+    )  # fmt: skip
+    g = configs.gluon_dkdv
+    gluon_dkdv_kernel[(triton.cdiv(seq_k, 2 * g.block_n) * batch * heads_k,)](
+        gluon_descriptor(q, g.block_m), gluon_descriptor(k, g.block_n), gluon_descriptor(v, g.block_n),
+        gluon_descriptor(do, g.block_m), gluon_descriptor(dk, g.block_n), gluon_descriptor(dv, g.block_n),
+        lse, delta, heads, heads // heads_k, seq_q, seq_k, qk_scale, sm_scale,
+        HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m, STAGES=g.stages, CAUSAL=is_causal,
+        OVERLAP=g.overlap, num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
     )  # fmt: skip
     return dq, dk, dv
 

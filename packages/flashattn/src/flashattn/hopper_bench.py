@@ -41,6 +41,15 @@ BWD5_STEPS = {  # name -> dkdvdq tile (block_m queries, block_n keys, warps, sta
     "bwd5-64x64-s3": (64, 64, 8, 3),
 }
 
+GLUON_BWD_STEPS = {  # name -> changes to the Gluon dK/dV tile (flashattn.hopper.GluonBwdTile)
+    "default": {},
+    "no-overlap": {"overlap": False},
+    "stages-2": {"stages": 2},
+    "stages-4": {"stages": 4},
+    "queries-64": {"block_m": 64, "overlap": False},
+    "queries-64-s3": {"block_m": 64, "overlap": False, "stages": 3},
+}
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m flashattn.hopper_bench", description=__doc__.split("\n\n")[0])
@@ -56,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fwd-steps", nargs="*", default=list(FWD_STEPS), help=f"of {list(FWD_STEPS)}")
     p.add_argument("--bwd-steps", nargs="*", default=list(BWD_STEPS), help=f"of {list(BWD_STEPS)}")
     p.add_argument("--bwd5-steps", nargs="*", default=list(BWD5_STEPS), help=f"of {list(BWD5_STEPS)}")
+    p.add_argument(
+        "--gluon-bwd-steps", nargs="*", default=list(GLUON_BWD_STEPS), help=f"of {list(GLUON_BWD_STEPS)}"
+    )
     p.add_argument(
         "--gluon-steps", nargs="*", default=list(GLUON_VARIANTS), help=f"of {list(GLUON_VARIANTS)}"
     )
@@ -155,6 +167,11 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
         with hopper.pinned_configs(default._replace(dkdvdq=HopperTile(*BWD5_STEPS[name]))):
             err = grads_err(hopper.backward5(q, k, v, o, lse, do, causal))
             record(name, "bwd", lambda: hopper.backward5(q, k, v, o, lse, do, causal), err)
+    for name in args.gluon_bwd_steps:
+        tile = default.gluon_dkdv._replace(**GLUON_BWD_STEPS[name])
+        with hopper.pinned_configs(default._replace(gluon_dkdv=tile)):
+            err = grads_err(hopper.gluon_backward(q, k, v, o, lse, do, causal))
+            record(f"gbwd-{name}", "bwd", lambda: hopper.gluon_backward(q, k, v, o, lse, do, causal), err)
 
 
 def _with_ratios(rows: list[dict], args):
@@ -163,7 +180,7 @@ def _with_ratios(rows: list[dict], args):
     from analysis.accounting import attention_flops
 
     table = pd.DataFrame(rows)
-    whole = table[~table.step.str.startswith(("tma-", "gluon-", "bwd5-"))]
+    whole = table[~table.step.str.startswith(("tma-", "gluon-", "bwd5-", "gbwd-"))]
     both = whole.groupby(["seq", "causal", "step"], sort=False).agg(
         ms=("ms", "sum"), err_vs_cudnn=("err_vs_cudnn", "max")
     )

@@ -1,0 +1,243 @@
+"""Hopper (sm90) attention backward's dK/dV kernel in Gluon: a TMA producer warp and two consumer warpgroups.
+
+One program owns ``2 * BLOCK`` keys of one (batch, K/V head); each consumer warpgroup keeps ``BLOCK`` of them
+(its K, V tile in shared memory, its ``dK, dV`` in fp32 registers) and both walk the same query tiles of every
+query head of the GQA group, transposed (rows are keys):
+
+    S^T = K Q^T,  dP^T = V dO^T,  P^T = exp2(S^T * qk_scale - L_2),  dS^T = P^T * (dP^T - D),
+    dV += P^T dO,  dK += dS^T Q
+
+``P^T`` and ``dS^T`` stay in registers as the A operands of the last two products. A load warp streams
+the ``Q`` and ``dO`` tiles through ``STAGES`` shared-memory slots (ready/empty mbarriers per slot, released
+by both consumers). With ``OVERLAP`` a warpgroup issues the next tile's ``S^T`` and ``dP^T`` before the
+current ``dV, dK`` products, and computes ``P^T`` and ``dS^T`` while those run. Causal tiles that no key
+sees are skipped (the query walk starts at the program's first visible tile); only tiles crossing the
+diagonal are masked. ``D = rowsum(O * dO)`` comes from the dQ kernel (:func:`flashattn.hopper_bwd.dq_kernel`),
+which runs first; ``LSE`` is in natural-log units, fp32 ``(batch * heads, seq_q)``. Deterministic: every
+output element is summed by one warpgroup in a fixed order, and no data is added atomically.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _tile(i, first_m, count, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """Step ``i`` of a program's walk over ``count`` query tiles per head: its slot, the slot's phase, the
+    head's index in the group and the tile's first query row."""
+    return i % STAGES, (i // STAGES) & 1, i // count, (first_m + i % count) * BLOCK_M
+
+
+@gluon.jit
+def _load_partition(loads, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """The producer: both key halves' K and V once, then every query tile's ``Q`` and ``dO`` in order.
+    ``loads = (desc_q, desc_k, desc_v, desc_do, smem, bars, b, hk, group, start_n, first_m, count)``."""
+    desc_q, desc_k, desc_v, desc_do, smem, bars, b, hk, group, start_n, first_m, count = loads
+    k_smem, v_smem, q_smem, do_smem = smem
+    kv_bar, q_ready, q_empty, do_ready, do_empty = bars
+    mbarrier.expect(kv_bar, 4 * desc_k.block_type.nbytes)
+    for half in gl.static_range(2):
+        n0 = start_n + half * BLOCK
+        tma.async_copy_global_to_shared(desc_k, [b, hk, n0, 0], kv_bar, k_smem.index(half))
+        tma.async_copy_global_to_shared(desc_v, [b, hk, n0, 0], kv_bar, v_smem.index(half))
+    for i in range(group * count):
+        slot, phase, g, m0 = _tile(i, first_m, count, BLOCK_M, STAGES)
+        h = hk * group + g
+        mbarrier.wait(q_empty.index(slot), phase ^ 1)  # a fresh barrier counts as having completed phase 1
+        mbarrier.expect(q_ready.index(slot), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [b, h, m0, 0], q_ready.index(slot), q_smem.index(slot))
+        mbarrier.wait(do_empty.index(slot), phase ^ 1)
+        mbarrier.expect(do_ready.index(slot), desc_do.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_do, [b, h, m0, 0], do_ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _issue_scores(i, walk, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for step ``i``'s ``Q, dO`` and issue ``S^T = K Q^T`` and ``dP^T = V dO^T`` (asynchronous)."""
+    k, v, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count = walk
+    slot, phase, _, _ = _tile(i, first_m, count, BLOCK_M, STAGES)
+    mbarrier.wait(q_ready.index(slot), phase)
+    mbarrier.wait(do_ready.index(slot), phase)
+    q_t = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0))
+    do_t = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0))
+    s = warpgroup_mma(k, q_t, s_zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(v, do_t, s_zero, use_acc=False, is_async=True)
+    return s, dp
+
+
+@gluon.jit
+def _operands(
+    i, s, dp, where, LATER: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+    s_layout: gl.constexpr,
+):  # fmt: skip
+    """``P^T`` and ``dS^T`` (fp32) of step ``i``, once its two products have completed
+    (``LATER``: how many products issued after them may still run). ``where = (LSE, DELTA, n_heads, b, hk,
+    group, offs_n, n0, first_m, count, seq_q, causal_shift, qk_scale)``. Tiles are masked only where they
+    cross the causal diagonal (query ``i`` sees key ``j`` iff ``j <= i + causal_shift``); queries past
+    ``seq_q`` are zero rows of ``Q`` and ``dO`` and add nothing."""
+    LSE, DELTA, n_heads, b, hk, group, offs_n, n0, first_m, count, seq_q, causal_shift, qk_scale = where
+    _, _, g, m0 = _tile(i, first_m, count, BLOCK_M, 1)
+    row_base = (b * n_heads + hk * group + g).to(gl.int64) * seq_q
+    offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    lse2 = gl.load(LSE + row_base + offs_m, mask=offs_m < seq_q, other=0.0) * LOG2E
+    s = warpgroup_mma_wait(num_outstanding=LATER + 1, deps=(s,))
+    p = gl.exp2(s * qk_scale - lse2[None, :])
+    if CAUSAL:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if m0 + causal_shift < n0 + BLOCK - 1:
+            p = gl.where(offs_n[:, None] <= offs_m[None, :] + causal_shift, p, 0.0)
+    delta = gl.load(DELTA + row_base + offs_m, mask=offs_m < seq_q, other=0.0)
+    dp = warpgroup_mma_wait(num_outstanding=LATER, deps=(dp,))
+    ds = p * (dp - delta[None, :])
+    return p, ds
+
+
+@gluon.jit
+def _consumer(
+    part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup's ``BLOCK`` keys (half ``HALF`` of the program's) over every query tile of the group.
+
+    ``part = (out, smem, bars, where)`` with ``out = (desc_dk, desc_dv, LSE, DELTA)`` and ``where = (b, hk,
+    n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale)``."""
+    out, smem, bars, where = part
+    desc_dk, desc_dv, LSE, DELTA = out
+    b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale = where
+    k_smem, v_smem, q_smem, do_smem = smem
+    kv_bar, q_ready, q_empty, do_ready, do_empty = bars
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_M, 16])  # fmt: skip
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dtype: gl.constexpr = desc_dk.dtype
+
+    n0 = start_n + HALF * BLOCK
+    offs_n = n0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
+    s_zero = gl.zeros([BLOCK, BLOCK_M], gl.float32, layout=s_layout)
+    dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
+    k = k_smem.index(HALF).reshape([BLOCK, HEAD_DIM])
+    v = v_smem.index(HALF).reshape([BLOCK, HEAD_DIM])
+    walk = (k, v, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count)
+    grads = (LSE, DELTA, n_heads, b, hk, group, offs_n, n0, first_m, count, seq_q, seq_k - seq_q, qk_scale)
+    n_steps = group * count
+    mbarrier.wait(kv_bar, 0)
+    if OVERLAP:  # step i's S^T and dP^T are issued before step i - 1's dV and dK products
+        s, dp = _issue_scores(0, walk, BLOCK_M, HEAD_DIM, STAGES)
+        p, ds = _operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
+        p = gl.convert_layout(p.to(dtype), op_layout)
+        ds = gl.convert_layout(ds.to(dtype), op_layout)
+        for i in range(1, n_steps):
+            prev = (i - 1) % STAGES
+            s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
+            dv = warpgroup_mma(p, do_smem.index(prev).reshape([BLOCK_M, HEAD_DIM]), dv, is_async=True)
+            dk = warpgroup_mma(ds, q_smem.index(prev).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
+            p_next, ds_next = _operands(i, s, dp, grads, 2, BLOCK, BLOCK_M, CAUSAL, s_layout)
+            p_next = gl.convert_layout(p_next.to(dtype), op_layout)
+            ds_next = gl.convert_layout(ds_next.to(dtype), op_layout)
+            dv, dk, p, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p, ds))
+            mbarrier.arrive(q_empty.index(prev), count=1)
+            mbarrier.arrive(do_empty.index(prev), count=1)
+            p, ds = p_next, ds_next
+        last = (n_steps - 1) % STAGES
+        dv = warpgroup_mma(p, do_smem.index(last).reshape([BLOCK_M, HEAD_DIM]), dv, is_async=True)
+        dk = warpgroup_mma(ds, q_smem.index(last).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
+        dv, dk, p, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p, ds))
+        mbarrier.arrive(q_empty.index(last), count=1)
+        mbarrier.arrive(do_empty.index(last), count=1)
+    else:
+        for i in range(n_steps):
+            slot = i % STAGES
+            s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
+            p, ds = _operands(i, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
+            p = gl.convert_layout(p.to(dtype), op_layout)
+            ds = gl.convert_layout(ds.to(dtype), op_layout)
+            dv = warpgroup_mma(p, do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), dv, is_async=True)
+            dk = warpgroup_mma(ds, q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
+            dv, dk, p, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p, ds))
+            mbarrier.arrive(q_empty.index(slot), count=1)
+            mbarrier.arrive(do_empty.index(slot), count=1)
+    # K and V of this half are read by this warpgroup only: their slots stage its outputs
+    k_out = k_smem.index(HALF)
+    v_out = v_smem.index(HALF)
+    k_out.reshape([BLOCK, HEAD_DIM]).store((dk * sm_scale).to(dtype))
+    v_out.reshape([BLOCK, HEAD_DIM]).store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc_dk, [b, hk, n0, 0], k_out)
+    tma.async_copy_shared_to_global(desc_dv, [b, hk, n0, 0], v_out)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer_worker(
+    part, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """The second consumer warpgroup: the program's second ``BLOCK`` keys."""
+    _consumer(part, 1, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, OVERLAP)
+
+
+@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
+def gluon_dkdv_kernel(
+    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, n_heads, group, seq_q, seq_k,
+    qk_scale, sm_scale,
+    HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """Program ``w``: ``dK, dV`` of ``2 * BLOCK`` keys of one K/V head over its ``group`` query heads; within
+    each (batch, K/V head) the earliest keys (the most causal work) go first. All descriptors have
+    ``(1, 1, BLOCK, HEAD_DIM)`` blocks but ``desc_q, desc_do``'s, which have ``(1, 1, BLOCK_M, HEAD_DIM)``."""
+    KEYS: gl.constexpr = 2 * BLOCK
+    n_tiles = gl.cdiv(seq_k, KEYS)
+    w = gl.program_id(0)
+    bhk = w // n_tiles
+    start_n = w % n_tiles * KEYS
+    n_kv_heads = n_heads // group
+    b = bhk // n_kv_heads
+    hk = bhk % n_kv_heads
+    if CAUSAL:  # noqa: SIM108 (query i sees key j iff i >= j - (seq_k - seq_q): earlier tiles see none)
+        first_m = gl.maximum(start_n - (seq_k - seq_q), 0) // BLOCK_M
+    else:
+        first_m = 0
+    count = gl.cdiv(seq_q, BLOCK_M) - first_m
+
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_v.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
+    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_do.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both consumers release each slot
+        mbarrier.init(do_empty.index(i), count=2)
+
+    smem = (k_smem, v_smem, q_smem, do_smem)
+    bars = (kv_bar, q_ready, q_empty, do_ready, do_empty)
+    where = (b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale)
+    part = ((desc_dk, desc_dv, LSE, DELTA), smem, bars, where)
+    loads = (desc_q, desc_k, desc_v, desc_do, smem, bars, b, hk, group, start_n, first_m, count)
+    gl.warp_specialize(
+        [
+            (_consumer, (part, 0, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, OVERLAP)),
+            (_consumer_worker, (part, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, OVERLAP)),
+            (_load_partition, (loads, BLOCK, BLOCK_M, STAGES)),
+        ],
+        [4, 1],
+        [240, 24],
+    )
