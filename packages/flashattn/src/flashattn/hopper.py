@@ -75,11 +75,23 @@ class GluonTile(NamedTuple):
 class GluonBwdTile(NamedTuple):
     """Launch shape of the Gluon dK/dV kernel: two consumer warpgroups of ``block_n`` keys each walk query
     tiles of ``block_m`` rows held in ``stages`` shared-memory slots; ``overlap`` issues the next tile's
-    ``S^T, dP^T`` products before the current ``dV, dK`` ones."""
+    ``S^T, dP^T`` products before the current ``dV, dK`` ones (overlapped, a warpgroup holds two tiles, so
+    a third slot is needed to load ahead)."""
 
     block_n: int = 64
-    block_m: int = 32
-    stages: int = 3  # overlapped, a warpgroup holds two tiles: the third slot is the one being loaded
+    block_m: int = 64
+    stages: int = 2
+    overlap: bool = False
+
+
+class GluonDqTile(NamedTuple):
+    """Launch shape of the Gluon dQ kernel: two consumer warpgroups of ``block_m`` query rows share
+    ``block_n``-key K/V tiles held in ``stages`` slots; ``overlap`` issues the next tile's ``S, dP`` products
+    before the current ``dQ`` one."""
+
+    block_m: int = 64
+    block_n: int = 64
+    stages: int = 3
     overlap: bool = True
 
 
@@ -93,6 +105,7 @@ class HopperConfigs(NamedTuple):
     gluon: GluonTile = GluonTile()
     dkdvdq: HopperTile = HopperTile(64, 128, 8, 3)
     gluon_dkdv: GluonBwdTile = GluonBwdTile()
+    gluon_dq: GluonDqTile | None = GluonDqTile()  # None: the Triton-language dQ kernel
 
 
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
@@ -313,21 +326,43 @@ def backward(
 def gluon_backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`backward` with the dK/dV kernel in Gluon (:mod:`flashattn.gluon_bwd`, sm90 GPUs only); ``D``
-    and ``dQ`` come from the Triton-language dQ kernel, which runs first."""
-    from flashattn.gluon_bwd import gluon_dkdv_kernel
-
+    """:func:`backward` by the Gluon kernels (sm90 GPUs only): :func:`gluon_dq_pass` (``D`` and ``dQ``), then
+    :func:`gluon_dkdv_pass`. Seven tile products, as :func:`backward`."""
     _check_backward(q, k, v, o, lse, do, is_causal)
     reason = device_reason(q.device)
     if reason is not None:
         raise ValueError(reason)
     q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
     lse = lse.contiguous()
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    delta = torch.empty_like(lse)
+    gluon_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta)
+    gluon_dkdv_pass(q, k, v, do, lse, delta, is_causal, dk, dv)
+    return dq, dk, dv
+
+
+def gluon_dq_pass(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, dq: Tensor,
+    delta: Tensor,
+) -> None:  # fmt: skip
+    """Write ``D = rowsum(O dO)`` (fp32 ``(B, H, Sq)``) into ``delta`` and ``dQ`` into ``dq``: the Gluon
+    kernel of :mod:`flashattn.gluon_dq`, or the Triton-language one when the tile table's ``gluon_dq`` is
+    None. Inputs as :func:`gluon_backward` passes them (checked, copy-engine ready)."""
+    from flashattn.gluon_dq import gluon_dq_kernel
+
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     configs = configs_for(head_dim)
     qk_scale, sm_scale = LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim)
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    delta = torch.empty_like(lse)
+    if (t := configs.gluon_dq) is not None:
+        desc_q, desc_o, desc_do, desc_dq = (gluon_descriptor(x, t.block_m) for x in (q, o, do, dq))
+        desc_k, desc_v = (gluon_descriptor(x, t.block_n) for x in (k, v))
+        gluon_dq_kernel[(triton.cdiv(seq_q, 2 * t.block_m) * batch * heads,)](
+            desc_q, desc_k, desc_v, desc_o, desc_do, desc_dq, lse, delta, heads, heads // heads_k, seq_q,
+            seq_k, qk_scale, sm_scale, HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            STAGES=t.stages, CAUSAL=is_causal, OVERLAP=t.overlap, num_warps=4,
+            maxnreg=GluonTile(consumers=2).maxnreg(),
+        )  # fmt: skip
+        return
     t = configs.dq
     dq_kernel[(triton.cdiv(seq_q, t.block_m) * batch * heads,)](
         _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(o, t.block_m),
@@ -336,15 +371,25 @@ def gluon_backward(
         HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
         TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
     )  # fmt: skip
-    g = configs.gluon_dkdv
+
+
+def gluon_dkdv_pass(
+    q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse: Tensor, delta: Tensor, is_causal: bool, dk: Tensor,
+    dv: Tensor,
+) -> None:  # fmt: skip
+    """Write ``dK, dV`` into ``dk, dv`` by the Gluon kernel of :mod:`flashattn.gluon_bwd`, from the ``D``
+    that :func:`gluon_dq_pass` wrote."""
+    from flashattn.gluon_bwd import gluon_dkdv_kernel
+
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    g = configs_for(head_dim).gluon_dkdv
     gluon_dkdv_kernel[(triton.cdiv(seq_k, 2 * g.block_n) * batch * heads_k,)](
         gluon_descriptor(q, g.block_m), gluon_descriptor(k, g.block_n), gluon_descriptor(v, g.block_n),
         gluon_descriptor(do, g.block_m), gluon_descriptor(dk, g.block_n), gluon_descriptor(dv, g.block_n),
-        lse, delta, heads, heads // heads_k, seq_q, seq_k, qk_scale, sm_scale,
-        HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m, STAGES=g.stages, CAUSAL=is_causal,
-        OVERLAP=g.overlap, num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
+        lse, delta, heads, heads // heads_k, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
+        1.0 / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m, STAGES=g.stages,
+        CAUSAL=is_causal, OVERLAP=g.overlap, num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
     )  # fmt: skip
-    return dq, dk, dv
 
 
 def backward5(

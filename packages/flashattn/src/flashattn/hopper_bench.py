@@ -2,14 +2,17 @@
 
 Steps: the Triton-language kernels' tile tables (``tma-*``), the Gluon forward's variants (``gluon-*``,
 :data:`flashattn.gluon_compile.VARIANTS`: the default, and one change each, such as without the pipelined
-key loop, one or three consumer warpgroups, ping-pong, other stage counts) and the five-product backward's
-tiles (``bwd5-*``, :func:`flashattn.hopper.backward5`).
+key loop, one or three consumer warpgroups, ping-pong, other stage counts), the five-product backward's
+tiles (``bwd5-*``, :func:`flashattn.hopper.backward5`) and the Gluon backward's (``gbwd-*``,
+:func:`flashattn.hopper.gluon_backward`).
 
 One row per (technique step, pass, causal, length): median milliseconds (``triton.testing.do_bench``),
-TFLOP/s (``4 B H Sq Sk d``, halved when causal, x2.5 for the backward), and ratios to SDPA's cuDNN backend and
-to the portable kernel measured in the same run. Each step pins one tile table through
-:func:`flashattn.hopper.pinned_configs`; ``err`` is the step's relative error against cuDNN's output (forward)
-or gradients (backward), a guard against timing a wrong kernel. Writes ``<out>.csv`` and ``<out>.md``.
+TFLOP/s (``4 B H Sq Sk d``, halved when causal, x2.5 for the backward; with ``--kernels``, also passes
+``dq`` and ``dkdv``: each Gluon backward kernel alone, x1.5 and x2, for 3 and 4 tile products against the
+forward's 2), and ratios to SDPA's cuDNN backend and to the portable kernel measured in the same run. Each
+step pins one tile table through :func:`flashattn.hopper.pinned_configs`; ``err`` is the step's relative
+error against cuDNN's output (forward) or gradients (backward), a guard against timing a wrong kernel.
+Writes ``<out>.csv`` and ``<out>.md``.
 
     python -m flashattn.hopper_bench --seqs 8192 32768 --out docs/data/flashattn-hopper
 """
@@ -41,13 +44,13 @@ BWD5_STEPS = {  # name -> dkdvdq tile (block_m queries, block_n keys, warps, sta
     "bwd5-64x64-s3": (64, 64, 8, 3),
 }
 
-GLUON_BWD_STEPS = {  # name -> changes to the Gluon dK/dV tile (flashattn.hopper.GluonBwdTile)
-    "default": {},
-    "no-overlap": {"overlap": False},
-    "stages-2": {"stages": 2},
-    "stages-4": {"stages": 4},
-    "queries-64": {"block_m": 64, "overlap": False},
-    "queries-64-s3": {"block_m": 64, "overlap": False, "stages": 3},
+GLUON_BWD_STEPS = {  # name -> (dK/dV tile changes, dQ tile changes or None: the Triton-language dQ kernel)
+    "default": ({}, {}),
+    "triton-dq": ({}, None),
+    "dq-no-overlap": ({}, {"overlap": False, "stages": 2}),
+    "dq-keys-128": ({}, {"block_n": 128, "overlap": False, "stages": 2}),
+    "dkdv-queries-32-overlap": ({"block_m": 32, "overlap": True, "stages": 3}, {}),
+    "dkdv-queries-32": ({"block_m": 32}, {}),
 }
 
 
@@ -71,6 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--gluon-steps", nargs="*", default=list(GLUON_VARIANTS), help=f"of {list(GLUON_VARIANTS)}"
     )
+    p.add_argument("--kernels", action="store_true", help="also time each Gluon backward kernel alone")
     p.add_argument("--rep-ms", type=float, default=300.0, help="do_bench repetition time per measurement")
     p.add_argument("--out", default="hopper-bench", help="output path prefix (.csv and .md are added)")
     return p.parse_args(argv)
@@ -112,7 +116,7 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
 
     def record(step, pas, fn, err=float("nan")):
         ms = do_bench(fn, "cuda", warmup_ms=50, rep_ms=args.rep_ms)
-        tflops = flops * (2.5 if pas == "bwd" else 1.0) / ms / 1e9
+        tflops = flops * {"bwd": 2.5, "dq": 1.5, "dkdv": 2.0}.get(pas, 1.0) / ms / 1e9
         rows.append({"seq": seq, "causal": causal, "pass": pas, "step": step, "ms": ms, "tflops": tflops,
                      "err_vs_cudnn": err})  # fmt: skip
         print(
@@ -168,10 +172,21 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
             err = grads_err(hopper.backward5(q, k, v, o, lse, do, causal))
             record(name, "bwd", lambda: hopper.backward5(q, k, v, o, lse, do, causal), err)
     for name in args.gluon_bwd_steps:
-        tile = default.gluon_dkdv._replace(**GLUON_BWD_STEPS[name])
-        with hopper.pinned_configs(default._replace(gluon_dkdv=tile)):
+        dkdv, dq_tile = GLUON_BWD_STEPS[name]
+        dq_tile = None if dq_tile is None else default.gluon_dq._replace(**dq_tile)
+        with hopper.pinned_configs(
+            default._replace(gluon_dkdv=default.gluon_dkdv._replace(**dkdv), gluon_dq=dq_tile)
+        ):
             err = grads_err(hopper.gluon_backward(q, k, v, o, lse, do, causal))
             record(f"gbwd-{name}", "bwd", lambda: hopper.gluon_backward(q, k, v, o, lse, do, causal), err)
+            if args.kernels:  # each kernel alone, in tile products: the dQ kernel 3, dK/dV 4 (forward: 2)
+                dq, dk, dv, delta = (torch.empty_like(t) for t in (q, k, v, lse))
+                passes = {
+                    "dq": lambda a=(q, k, v, o, lse, do, causal, dq, delta): hopper.gluon_dq_pass(*a),
+                    "dkdv": lambda a=(q, k, v, do, lse, delta, causal, dk, dv): hopper.gluon_dkdv_pass(*a),
+                }
+                for pas, fn in passes.items():
+                    record(f"gbwd-{name}", pas, fn)
 
 
 def _with_ratios(rows: list[dict], args):
