@@ -22,6 +22,7 @@ def fake_gpu(monkeypatch):
             "ours": 1.0,
             "portable": 1.1,
             "gluon": 0.8,
+            "gluon_bwd": 0.75,
             "hopper": 0.9,
             "naive": 4.0,
             "sdpa_flash": 1.5,

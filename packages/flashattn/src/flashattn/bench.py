@@ -3,8 +3,9 @@
 Implementations: ``ours`` (``FlashAttention2Triton``, the public path: on sm90 the kernels
 :func:`flashattn.dispatch.choose` names), ``portable`` and ``hopper`` (that function with each kernel set
 pinned for both passes where the Hopper path covers the call), ``gluon`` (the Gluon forward with the portable
-backward), ``hopper5`` (the Gluon forward with the five-product Hopper backward; only when named),
-``naive``, ``sdpa_flash``, ``sdpa_cudnn``. Three tables, each with forward, backward and forward+backward
+backward), ``gluon_bwd`` (the Gluon forward and backward), ``hopper5`` (the Gluon forward with the
+five-product Hopper backward; only when named), ``naive``, ``sdpa_flash``, ``sdpa_cudnn``. Three tables, each
+with forward, backward and forward+backward
 latency (``triton.testing.do_bench`` median, ms), TFLOP/s (``analysis.accounting.attention_flops``) and speed
 ratios measured in the same run:
 - ``multihead``: (1, 32 heads, S, 128) for S in ``--multihead-seqs`` (4096 ... 65 536) and (4, 16, 4096, 64),
@@ -23,7 +24,7 @@ import argparse
 from pathlib import Path
 
 IMPLEMENTATION_NAMES = (
-    "ours", "portable", "hopper", "gluon", "hopper5", "naive", "sdpa_flash", "sdpa_cudnn"
+    "ours", "portable", "hopper", "gluon", "gluon_bwd", "hopper5", "naive", "sdpa_flash", "sdpa_cudnn"
 )  # fmt: skip
 DEFAULT_IMPLEMENTATIONS = [n for n in IMPLEMENTATION_NAMES if n != "hopper5"]  # it lost on every shape timed
 TABLES = ("multihead", "sweep", "features")

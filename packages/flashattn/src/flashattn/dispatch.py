@@ -22,17 +22,18 @@ from flashattn.inputs import Window, as_4d, check_window
 from flashattn.pinning import Pin
 
 FORWARD_KERNELS = ("hopper", "gluon", "portable")  # "gluon": the warp-specialised sm90 forward
-BACKWARD_KERNELS = ("hopper", "hopper5", "portable")  # "hopper5": five tile products, dQ from dK/dV
+# "hopper5": five tile products, dQ from dK/dV; "gluon": the warp-specialised dQ and dK/dV kernels
+BACKWARD_KERNELS = ("hopper", "hopper5", "gluon", "portable")
 # The sm90 forward and, per head dim, the backward that follows it, with the measurements behind them
 # (`python -m flashattn.bench` times every kernel set in one run; docs/flashattn.md, Hopper section).
 HOPPER_FORWARD = "gluon"
 HOPPER_FORWARD_WHY = "on the H200 it ran 1.14-1.22x faster than the Triton-language Hopper forward"
-HOPPER_BACKWARD = {64: "hopper", 128: "portable"}
+HOPPER_BACKWARD = {64: "hopper", 128: "gluon"}
 HOPPER_BACKWARD_WHY = {
     64: "at (4, 16, 4096, 64) the Hopper backward ran 1.24-1.36x faster than the portable one and 2.0-2.1x"
     " faster than the five-product one",
-    128: "at (1, 32, S, 128) the portable and seven-product Hopper backwards tied (0.94-1.06x); the"
-    " five-product one ran 0.35-0.46x as fast",
+    128: "at (1, 32, S, 128), S = 8192 and 32768, the Gluon backward ran 1.07-1.19x faster than the portable"
+    " one, which tied with the Triton-language Hopper ones",
 }
 _pin: Pin[tuple[str, str]] = Pin()
 

@@ -46,7 +46,8 @@ def suite() -> list[Variant]:
 # (forward, backward) kernel sets built where the sm90 path covers a variant: what the public path and the
 # benchmark's columns can run.
 SM90_KERNEL_SETS = (
-    ("portable", "portable"), ("hopper", "hopper"), ("gluon", "portable"), ("gluon", "hopper5")
+    ("portable", "portable"), ("hopper", "hopper"), ("gluon", "portable"), ("gluon", "hopper5"),
+    ("gluon", "gluon"),
 )  # fmt: skip
 
 
