@@ -2,19 +2,20 @@
 
 One program owns ``2 * BLOCK`` keys of one (batch, K/V head); each consumer warpgroup keeps ``BLOCK`` of them
 (its K, V tile in shared memory, its ``dK, dV`` in fp32 registers) and both walk the same query tiles of every
-query head of the GQA group, transposed (rows are keys):
+query head of the GQA group:
 
-    S^T = K Q^T,  dP^T = V dO^T,  P^T = exp2(S^T * qk_scale - L_2),  dS^T = P^T * (dP^T - D),
-    dV += P^T dO,  dK += dS^T Q
+    S = Q K^T,  dP = dO V^T,  P = exp2(S * qk_scale - L_2),  dS = P * (dP - D),  dV += P^T dO,  dK += dS^T Q
 
-``P^T`` and ``dS^T`` stay in registers as the A operands of the last two products. A load warp streams
-the ``Q`` and ``dO`` tiles through ``STAGES`` shared-memory slots (ready/empty mbarriers per slot, released
-by both consumers). With ``OVERLAP`` a warpgroup issues the next tile's ``S^T`` and ``dP^T`` before the
-current ``dV, dK`` products, and computes ``P^T`` and ``dS^T`` while those run. Causal tiles that no key
-sees are skipped (the query walk starts at the program's first visible tile); only tiles crossing the
-diagonal are masked. ``D = rowsum(O * dO)`` comes from the dQ kernel (:func:`flashattn.hopper_bwd.dq_kernel`),
-which runs first; ``LSE`` is in natural-log units, fp32 ``(batch * heads, seq_q)``. Deterministic: every
-output element is summed by one warpgroup in a fixed order, and no data is added atomically.
+Rows of ``S`` are queries, so ``L`` and ``D`` are row vectors (two registers a thread); ``P`` and ``dS`` go
+through shared memory (two buffers each per warpgroup) to be read transposed as the A operands of the last
+two products, which frees their registers. A load warp streams the ``Q`` and ``dO`` tiles through ``STAGES``
+shared-memory slots (ready/empty mbarriers per slot, released by both consumers). With ``OVERLAP`` a
+warpgroup issues the next tile's ``S`` and ``dP`` before the current ``dV, dK`` products and computes the next
+``P`` and ``dS`` while those run (it then holds two query tiles: a third slot loads ahead). Causal tiles that
+no key sees are skipped (the walk starts at the program's first visible tile); only tiles crossing the
+diagonal are masked. ``D = rowsum(O * dO)`` comes from the dQ kernel, which runs first; ``LSE`` is in
+natural-log units, fp32 ``(batch * heads, seq_q)``. Deterministic: every output element is summed by one
+warpgroup in a fixed order, and no data is added atomically.
 """
 
 from triton.experimental import gluon
@@ -42,7 +43,7 @@ def _load_partition(loads, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: g
     """The producer: both key halves' K and V once, then every query tile's ``Q`` and ``dO`` in order.
     ``loads = (desc_q, desc_k, desc_v, desc_do, smem, bars, b, hk, group, start_n, first_m, count)``."""
     desc_q, desc_k, desc_v, desc_do, smem, bars, b, hk, group, start_n, first_m, count = loads
-    k_smem, v_smem, q_smem, do_smem = smem
+    k_smem, v_smem, q_smem, do_smem, _, _ = smem
     kv_bar, q_ready, q_empty, do_ready, do_empty = bars
     mbarrier.expect(kv_bar, 4 * desc_k.block_type.nbytes)
     for half in gl.static_range(2):
@@ -62,42 +63,76 @@ def _load_partition(loads, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: g
 
 @gluon.jit
 def _issue_scores(i, walk, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for step ``i``'s ``Q, dO`` and issue ``S^T = K Q^T`` and ``dP^T = V dO^T`` (asynchronous)."""
-    k, v, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count = walk
+    """Wait for step ``i``'s ``Q, dO`` and issue ``S = Q K^T`` and ``dP = dO V^T`` (asynchronous)."""
+    k_t, v_t, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count = walk
     slot, phase, _, _ = _tile(i, first_m, count, BLOCK_M, STAGES)
     mbarrier.wait(q_ready.index(slot), phase)
+    s = warpgroup_mma(
+        q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), k_t, s_zero, use_acc=False, is_async=True
+    )
     mbarrier.wait(do_ready.index(slot), phase)
-    q_t = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0))
-    do_t = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0))
-    s = warpgroup_mma(k, q_t, s_zero, use_acc=False, is_async=True)
-    dp = warpgroup_mma(v, do_t, s_zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), v_t, s_zero, use_acc=False,
+                       is_async=True)  # fmt: skip
     return s, dp
 
 
 @gluon.jit
-def _operands(
+def _stage_operands(
     i, s, dp, where, LATER: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
     s_layout: gl.constexpr,
 ):  # fmt: skip
-    """``P^T`` and ``dS^T`` (fp32) of step ``i``, once its two products have completed
-    (``LATER``: how many products issued after them may still run). ``where = (LSE, DELTA, n_heads, b, hk,
-    group, offs_n, n0, first_m, count, seq_q, causal_shift, qk_scale)``. Tiles are masked only where they
-    cross the causal diagonal (query ``i`` sees key ``j`` iff ``j <= i + causal_shift``); queries past
-    ``seq_q`` are zero rows of ``Q`` and ``dO`` and add nothing."""
-    LSE, DELTA, n_heads, b, hk, group, offs_n, n0, first_m, count, seq_q, causal_shift, qk_scale = where
+    """Once step ``i``'s two products have completed (``LATER``: how many issued after them may still run),
+    write its ``P`` and ``dS`` into buffer ``buf + i % 2`` of ``p_smem, ds_smem`` for the ``dV, dK``
+    products. ``where = (LSE, DELTA, p_smem, ds_smem, buf, n_heads, b, hk, group, n0, first_m, count, seq_q, causal_shift,
+    qk_scale)``. Tiles are masked only where they cross the causal diagonal (query ``i`` sees key ``j`` iff
+    ``j <= i + causal_shift``); queries past ``seq_q`` are zero rows of ``Q`` and ``dO`` and add nothing."""
+    (
+        LSE,
+        DELTA,
+        p_smem,
+        ds_smem,
+        buf,
+        n_heads,
+        b,
+        hk,
+        group,
+        n0,
+        first_m,
+        count,
+        seq_q,
+        causal_shift,
+        qk_scale,
+    ) = where
     _, _, g, m0 = _tile(i, first_m, count, BLOCK_M, 1)
     row_base = (b * n_heads + hk * group + g).to(gl.int64) * seq_q
-    offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     lse2 = gl.load(LSE + row_base + offs_m, mask=offs_m < seq_q, other=0.0) * LOG2E
+    delta = gl.load(DELTA + row_base + offs_m, mask=offs_m < seq_q, other=0.0)
     s = warpgroup_mma_wait(num_outstanding=LATER + 1, deps=(s,))
-    p = gl.exp2(s * qk_scale - lse2[None, :])
+    p = gl.exp2(s * qk_scale - lse2[:, None])
     if CAUSAL:  # noqa: SIM102 (a compile-time branch around a run-time one)
         if m0 + causal_shift < n0 + BLOCK - 1:
-            p = gl.where(offs_n[:, None] <= offs_m[None, :] + causal_shift, p, 0.0)
-    delta = gl.load(DELTA + row_base + offs_m, mask=offs_m < seq_q, other=0.0)
+            offs_n = n0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
+            p = gl.where(offs_n[None, :] <= offs_m[:, None] + causal_shift, p, 0.0)
+    p_smem.index(buf + i % 2).store(p.to(p_smem.dtype))
     dp = warpgroup_mma_wait(num_outstanding=LATER, deps=(dp,))
-    ds = p * (dp - delta[None, :])
-    return p, ds
+    ds_smem.index(buf + i % 2).store((p * (dp - delta[:, None])).to(ds_smem.dtype))
+    fence_async_shared()  # the stores, before the copy engine's and the tensor cores' reads
+    gl.thread_barrier()  # every warp of the warpgroup has stored before the next product reads
+
+
+@gluon.jit
+def _issue_grads(i, dk, dv, walk, ops, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Issue step ``i``'s ``dV += P^T dO`` and ``dK += dS^T Q`` (asynchronous); ``ops = (p_smem, ds_smem,
+    buf)``."""
+    _, _, q_smem, do_smem, _, _, _, first_m, count = walk
+    p_smem, ds_smem, buf = ops
+    slot, _, _, _ = _tile(i, first_m, count, BLOCK_M, STAGES)
+    dv = warpgroup_mma(p_smem.index(buf + i % 2).permute((1, 0)), do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]),
+                       dv, is_async=True)  # fmt: skip
+    dk = warpgroup_mma(ds_smem.index(buf + i % 2).permute((1, 0)), q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]),
+                       dk, is_async=True)  # fmt: skip
+    return dk, dv
 
 
 @gluon.jit
@@ -112,61 +147,50 @@ def _consumer(
     out, smem, bars, where = part
     desc_dk, desc_dv, LSE, DELTA = out
     b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale = where
-    k_smem, v_smem, q_smem, do_smem = smem
+    k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem = smem
     kv_bar, q_ready, q_empty, do_ready, do_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_M, 16])  # fmt: skip
+                                                      instr_shape=[16, BLOCK, 16])  # fmt: skip
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     dtype: gl.constexpr = desc_dk.dtype
 
     n0 = start_n + HALF * BLOCK
-    offs_n = n0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
-    s_zero = gl.zeros([BLOCK, BLOCK_M], gl.float32, layout=s_layout)
+    ops = (p_smem, ds_smem, 2 * HALF)
     dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
-    k = k_smem.index(HALF).reshape([BLOCK, HEAD_DIM])
-    v = v_smem.index(HALF).reshape([BLOCK, HEAD_DIM])
-    walk = (k, v, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count)
-    grads = (LSE, DELTA, n_heads, b, hk, group, offs_n, n0, first_m, count, seq_q, seq_k - seq_q, qk_scale)
+    k_t = k_smem.index(HALF).reshape([BLOCK, HEAD_DIM]).permute((1, 0))
+    v_t = v_smem.index(HALF).reshape([BLOCK, HEAD_DIM]).permute((1, 0))
+    s_zero = gl.zeros([BLOCK_M, BLOCK], gl.float32, layout=s_layout)
+    walk = (k_t, v_t, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count)
+    grads = (LSE, DELTA, p_smem, ds_smem, 2 * HALF, n_heads, b, hk, group, n0, first_m, count, seq_q,
+             seq_k - seq_q, qk_scale)  # fmt: skip
     n_steps = group * count
     mbarrier.wait(kv_bar, 0)
-    if OVERLAP:  # step i's S^T and dP^T are issued before step i - 1's dV and dK products
+    if OVERLAP:  # step i's S and dP are issued before step i - 1's dV and dK products
         s, dp = _issue_scores(0, walk, BLOCK_M, HEAD_DIM, STAGES)
-        p, ds = _operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
-        p = gl.convert_layout(p.to(dtype), op_layout)
-        ds = gl.convert_layout(ds.to(dtype), op_layout)
+        _stage_operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
         for i in range(1, n_steps):
-            prev = (i - 1) % STAGES
             s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
-            dv = warpgroup_mma(p, do_smem.index(prev).reshape([BLOCK_M, HEAD_DIM]), dv, is_async=True)
-            dk = warpgroup_mma(ds, q_smem.index(prev).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
-            p_next, ds_next = _operands(i, s, dp, grads, 2, BLOCK, BLOCK_M, CAUSAL, s_layout)
-            p_next = gl.convert_layout(p_next.to(dtype), op_layout)
-            ds_next = gl.convert_layout(ds_next.to(dtype), op_layout)
-            dv, dk, p, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p, ds))
+            dk, dv = _issue_grads(i - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
+            _stage_operands(i, s, dp, grads, 2, BLOCK, BLOCK_M, CAUSAL, s_layout)
+            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+            prev = (i - 1) % STAGES
             mbarrier.arrive(q_empty.index(prev), count=1)
             mbarrier.arrive(do_empty.index(prev), count=1)
-            p, ds = p_next, ds_next
+        dk, dv = _issue_grads(n_steps - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
+        dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
         last = (n_steps - 1) % STAGES
-        dv = warpgroup_mma(p, do_smem.index(last).reshape([BLOCK_M, HEAD_DIM]), dv, is_async=True)
-        dk = warpgroup_mma(ds, q_smem.index(last).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
-        dv, dk, p, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p, ds))
         mbarrier.arrive(q_empty.index(last), count=1)
         mbarrier.arrive(do_empty.index(last), count=1)
     else:
         for i in range(n_steps):
-            slot = i % STAGES
             s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
-            p, ds = _operands(i, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
-            p = gl.convert_layout(p.to(dtype), op_layout)
-            ds = gl.convert_layout(ds.to(dtype), op_layout)
-            dv = warpgroup_mma(p, do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), dv, is_async=True)
-            dk = warpgroup_mma(ds, q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
-            dv, dk, p, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p, ds))
-            mbarrier.arrive(q_empty.index(slot), count=1)
-            mbarrier.arrive(do_empty.index(slot), count=1)
+            _stage_operands(i, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
+            dk, dv = _issue_grads(i, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
+            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+            mbarrier.arrive(q_empty.index(i % STAGES), count=1)
+            mbarrier.arrive(do_empty.index(i % STAGES), count=1)
     # K and V of this half are read by this warpgroup only: their slots stage its outputs
     k_out = k_smem.index(HALF)
     v_out = v_smem.index(HALF)
@@ -215,6 +239,9 @@ def gluon_dkdv_kernel(
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_v.layout)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
     do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_do.layout)
+    op_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK], desc_q.dtype)
+    p_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)  # 2 per warpgroup
+    ds_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -227,7 +254,7 @@ def gluon_dkdv_kernel(
         mbarrier.init(q_empty.index(i), count=2)  # both consumers release each slot
         mbarrier.init(do_empty.index(i), count=2)
 
-    smem = (k_smem, v_smem, q_smem, do_smem)
+    smem = (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem)
     bars = (kv_bar, q_ready, q_empty, do_ready, do_empty)
     where = (b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale)
     part = ((desc_dk, desc_dv, LSE, DELTA), smem, bars, where)

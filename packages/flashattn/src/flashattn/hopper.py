@@ -80,8 +80,8 @@ class GluonBwdTile(NamedTuple):
 
     block_n: int = 64
     block_m: int = 64
-    stages: int = 2
-    overlap: bool = False
+    stages: int = 3
+    overlap: bool = True
 
 
 class GluonDqTile(NamedTuple):
