@@ -83,26 +83,12 @@ def _stage_operands(
 ):  # fmt: skip
     """Once step ``i``'s two products have completed (``LATER``: how many issued after them may still run),
     write its ``P`` and ``dS`` into buffer ``buf + i % 2`` of ``p_smem, ds_smem`` for the ``dV, dK``
-    products. ``where = (LSE, DELTA, p_smem, ds_smem, buf, n_heads, b, hk, group, n0, first_m, count, seq_q, causal_shift,
-    qk_scale)``. Tiles are masked only where they cross the causal diagonal (query ``i`` sees key ``j`` iff
-    ``j <= i + causal_shift``); queries past ``seq_q`` are zero rows of ``Q`` and ``dO`` and add nothing."""
-    (
-        LSE,
-        DELTA,
-        p_smem,
-        ds_smem,
-        buf,
-        n_heads,
-        b,
-        hk,
-        group,
-        n0,
-        first_m,
-        count,
-        seq_q,
-        causal_shift,
-        qk_scale,
-    ) = where
+    products. ``where = (LSE, DELTA, p_smem, ds_smem, buf, n_heads, b, hk, group, n0, first_m, count, seq_q,
+    causal_shift, qk_scale)``. Tiles are masked only where they cross the causal diagonal (query ``i`` sees
+    key ``j`` iff ``j <= i + causal_shift``); queries past ``seq_q`` are zero rows of ``Q`` and ``dO`` and add
+    nothing."""
+    (LSE, DELTA, p_smem, ds_smem, buf, n_heads, b, hk, group, n0, first_m, count, seq_q, causal_shift,
+     qk_scale) = where  # fmt: skip
     _, _, g, m0 = _tile(i, first_m, count, BLOCK_M, 1)
     row_base = (b * n_heads + hk * group + g).to(gl.int64) * seq_q
     offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -128,10 +114,10 @@ def _issue_grads(i, dk, dv, walk, ops, BLOCK_M: gl.constexpr, HEAD_DIM: gl.const
     _, _, q_smem, do_smem, _, _, _, first_m, count = walk
     p_smem, ds_smem, buf = ops
     slot, _, _, _ = _tile(i, first_m, count, BLOCK_M, STAGES)
-    dv = warpgroup_mma(p_smem.index(buf + i % 2).permute((1, 0)), do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]),
-                       dv, is_async=True)  # fmt: skip
-    dk = warpgroup_mma(ds_smem.index(buf + i % 2).permute((1, 0)), q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]),
-                       dk, is_async=True)  # fmt: skip
+    do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    dv = warpgroup_mma(p_smem.index(buf + i % 2).permute((1, 0)), do, dv, is_async=True)
+    dk = warpgroup_mma(ds_smem.index(buf + i % 2).permute((1, 0)), q, dk, is_async=True)
     return dk, dv
 
 
