@@ -116,7 +116,7 @@ _CONFIGS: dict[int, HopperConfigs] = {
     128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
                        GluonTile(stages=2)),
     64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
-                      GluonTile(stages=3)),
+                      GluonTile(stages=3), gluon_dq=GluonDqTile(block_n=128, stages=2, overlap=False)),
 }  # fmt: skip
 _pin: Pin[HopperConfigs] = Pin()
 

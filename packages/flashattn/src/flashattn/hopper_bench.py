@@ -47,7 +47,6 @@ BWD5_STEPS = {  # name -> dkdvdq tile (block_m queries, block_n keys, warps, sta
 GLUON_BWD_STEPS = {  # name -> (dK/dV tile changes, dQ tile changes or None: the Triton-language dQ kernel)
     "default": ({}, {}),
     "dkdv-no-overlap": ({"overlap": False, "stages": 2}, {}),
-    "dkdv-queries-32": ({"block_m": 32}, {}),
     "triton-dq": ({}, None),
     "dq-no-overlap": ({}, {"overlap": False, "stages": 2}),
     "dq-keys-128": ({}, {"block_n": 128, "overlap": False, "stages": 2}),
