@@ -1,5 +1,5 @@
-"""The Gluon forward compiles for sm90 on the CPU (no GPU): matrix instructions present, register moves
-between its partitions, no spills, shared memory within a Hopper block's limit."""
+"""The Gluon kernels compile for sm90 on the CPU (no GPU): matrix instructions present, register moves
+between their partitions, no spills, shared memory within a Hopper block's limit."""
 
 import pytest
 from flashattn.gluon_compile import VARIANTS, compile_sm90
@@ -12,6 +12,17 @@ SHARED_LIMIT = 232448  # bytes one Hopper thread block may opt into
 )
 def test_gluon_forward_compiles_for_sm90_without_spills(head_dim, variant, causal):
     row = compile_sm90(head_dim, VARIANTS[variant], causal)
+    assert row["wgmma"] > 0 and row["setmaxnreg"] > 0, row
+    assert row["spill_bytes"] == 0 and row["stack_bytes"] == 0, row
+    assert 0 < row["shared_bytes"] <= SHARED_LIMIT and row["registers"] > 0, row
+
+
+BACKWARD_CASES = [("dq", 128, True), ("dkdv", 128, True), ("dkdv", 64, False)]
+
+
+@pytest.mark.parametrize("kernel, head_dim, causal", BACKWARD_CASES)
+def test_gluon_backward_kernels_compile_for_sm90_without_spills(kernel, head_dim, causal):
+    row = compile_sm90(head_dim, {}, causal, kernel)
     assert row["wgmma"] > 0 and row["setmaxnreg"] > 0, row
     assert row["spill_bytes"] == 0 and row["stack_bytes"] == 0, row
     assert 0 < row["shared_bytes"] <= SHARED_LIMIT and row["registers"] > 0, row
