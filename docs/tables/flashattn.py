@@ -316,13 +316,13 @@ def features() -> str:
 
 
 HOPPER_MULTIHEAD = "docs/data/flashattn-hopper-multihead-2026-12-01c.csv"
+HOPPER_MULTIHEAD_4 = "docs/data/flashattn-hopper-multihead-2026-12-01d.csv"
 
 
-@block("flashattn.hopper-multihead")
-def hopper_multihead() -> str:
-    """``python -m flashattn.bench --only multihead`` with every column, 18:36 UTC: TFLOP/s per kernel set and
-    the public path's (``ours``) speed against cuDNN and the portable kernels."""
-    d = pd.read_csv(ROOT / HOPPER_MULTIHEAD)
+def multihead_rows(path: str) -> str:
+    """TFLOP/s per kernel set of one ``python -m flashattn.bench --only multihead`` CSV with every column,
+    and the public path's (``ours``) speed against cuDNN and the portable kernels."""
+    d = pd.read_csv(ROOT / path)
     rows = []
     for _, r in d.iterrows():
         first = r["pass"] == "fwd"
@@ -335,3 +335,49 @@ def hopper_multihead() -> str:
     cols = ["shape (B, Hq/Hkv, S, d)", "causal", "pass", "cuDNN", "flash", "portable", "hopper", "gluon",
             "public", "public / cuDNN", "public / portable"]  # fmt: skip
     return table(cols, rows, [False] * 3 + [True] * 8)
+
+
+@block("flashattn.hopper-multihead")
+def hopper_multihead() -> str:
+    """Run 3 (18:36 UTC): the Gluon forward with the portable backward at d 128."""
+    return multihead_rows(HOPPER_MULTIHEAD)
+
+
+@block("flashattn.hopper-multihead-4")
+def hopper_multihead_4() -> str:
+    """Run 4 (20:53 UTC): the Gluon forward and the Gluon backward behind the public names."""
+    return multihead_rows(HOPPER_MULTIHEAD_4)
+
+
+GLUON_BACKWARD = "docs/data/flashattn-gluon-bwd-2026-12-01d.csv"
+GLUON_BACKWARD_STEPS = {  # hopper_bench step -> what it is
+    "portable": "portable backward (Triton language, seven products)",
+    "hopper-default": "Triton-language Hopper backward (TMA descriptors, seven products)",
+    "gbwd-triton-dq": "Gluon dK/dV, Triton-language dQ",
+    "gbwd-dkdv-no-overlap": "Gluon dQ (overlapped), Gluon dK/dV not overlapped",
+    "gbwd-default": "Gluon dQ and dK/dV, both overlapped (the default)",
+    "sdpa-cudnn": "SDPA cuDNN",
+}
+
+
+PASS_NAMES = {"bwd": "backward", "dq": "dQ kernel", "dkdv": "dK/dV kernel"}
+
+
+@block("flashattn.gluon-backward")
+def gluon_backward() -> str:
+    """``python -m flashattn.hopper_bench --kernels`` (20:50 UTC): backward ms and TFLOP/s per step at
+    (1, 32, S, 128), and each Gluon kernel alone (``dq``: 3 tile products, ``dkdv``: 4)."""
+    d = pd.read_csv(ROOT / GLUON_BACKWARD)
+    d = d[d["pass"].isin(["bwd", "dq", "dkdv"])]
+    shapes = [(8192, True), (8192, False), (32768, True), (32768, False)]
+    rows = []
+    for step, what in GLUON_BACKWARD_STEPS.items():
+        for pas in ("bwd", "dq", "dkdv"):
+            cells = []
+            for seq, causal in shapes:
+                hit = d[(d.step == step) & (d["pass"] == pas) & (d.seq == seq) & (d.causal == causal)]
+                cells += [f"{num(hit.ms.iloc[0], 2)} ({num(hit.tflops.iloc[0], 0)})"] if len(hit) else []
+            if len(cells) == len(shapes):
+                rows.append([what if pas == "bwd" else "", PASS_NAMES[pas], *cells])
+    cols = ["step", "pass", "8k causal", "8k full", "32k causal", "32k full"]
+    return table(cols, rows, [False, False] + [True] * 4)
