@@ -242,16 +242,35 @@ def forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, T
     return o, lse
 
 
+@functools.cache
+def _gluon_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    """The default shared-memory swizzle of a ``(1, 1, rows, head_dim)`` block (cached: building it costs
+    tens of microseconds of host time, several times per call)."""
+    from triton.experimental.gluon import language as gl
+
+    gluon_dtype = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], gluon_dtype)
+
+
 def gluon_descriptor(t: Tensor, rows: int):
     """A Gluon TMA descriptor of ``t (B, H, S, d)`` with ``(1, 1, rows, d)`` blocks in the default swizzle."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    block = [1, 1, rows, t.shape[-1]]
-    layout = gl.NVMMASharedLayout.get_default_for(
-        block, gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    )
-    return GluonDescriptor.from_tensor(t, block, layout)
+    head_dim = t.shape[-1]
+    return GluonDescriptor.from_tensor(t, [1, 1, rows, head_dim], _gluon_layout(rows, head_dim, t.dtype))
+
+
+class _Descriptors:
+    """:func:`gluon_descriptor` made once per (tensor, rows) for one backward: its two kernels share most."""
+
+    def __init__(self) -> None:
+        self.made: dict[tuple[int, int], object] = {}
+
+    def __call__(self, t: Tensor, rows: int):
+        key = (id(t), rows)
+        if key not in self.made:
+            self.made[key] = gluon_descriptor(t, rows)
+        return self.made[key]
 
 
 def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
@@ -336,26 +355,28 @@ def gluon_backward(
     lse = lse.contiguous()
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     delta = torch.empty_like(lse)
-    gluon_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta)
-    gluon_dkdv_pass(q, k, v, do, lse, delta, is_causal, dk, dv)
+    descriptor = _Descriptors()
+    gluon_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta, descriptor)
+    gluon_dkdv_pass(q, k, v, do, lse, delta, is_causal, dk, dv, descriptor)
     return dq, dk, dv
 
 
 def gluon_dq_pass(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, dq: Tensor,
-    delta: Tensor,
+    delta: Tensor, descriptor=gluon_descriptor,
 ) -> None:  # fmt: skip
     """Write ``D = rowsum(O dO)`` (fp32 ``(B, H, Sq)``) into ``delta`` and ``dQ`` into ``dq``: the Gluon
     kernel of :mod:`flashattn.gluon_dq`, or the Triton-language one when the tile table's ``gluon_dq`` is
-    None. Inputs as :func:`gluon_backward` passes them (checked, copy-engine ready)."""
+    None. Inputs as :func:`gluon_backward` passes them (checked, copy-engine ready); ``descriptor(t, rows)``
+    makes the TMA descriptors."""
     from flashattn.gluon_dq import gluon_dq_kernel
 
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     configs = configs_for(head_dim)
     qk_scale, sm_scale = LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim)
     if (t := configs.gluon_dq) is not None:
-        desc_q, desc_o, desc_do, desc_dq = (gluon_descriptor(x, t.block_m) for x in (q, o, do, dq))
-        desc_k, desc_v = (gluon_descriptor(x, t.block_n) for x in (k, v))
+        desc_q, desc_o, desc_do, desc_dq = (descriptor(x, t.block_m) for x in (q, o, do, dq))
+        desc_k, desc_v = (descriptor(x, t.block_n) for x in (k, v))
         gluon_dq_kernel[(triton.cdiv(seq_q, 2 * t.block_m) * batch * heads,)](
             desc_q, desc_k, desc_v, desc_o, desc_do, desc_dq, lse, delta, heads, heads // heads_k, seq_q,
             seq_k, qk_scale, sm_scale, HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
@@ -375,17 +396,17 @@ def gluon_dq_pass(
 
 def gluon_dkdv_pass(
     q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse: Tensor, delta: Tensor, is_causal: bool, dk: Tensor,
-    dv: Tensor,
+    dv: Tensor, descriptor=gluon_descriptor,
 ) -> None:  # fmt: skip
     """Write ``dK, dV`` into ``dk, dv`` by the Gluon kernel of :mod:`flashattn.gluon_bwd`, from the ``D``
-    that :func:`gluon_dq_pass` wrote."""
+    that :func:`gluon_dq_pass` wrote; ``descriptor`` as there."""
     from flashattn.gluon_bwd import gluon_dkdv_kernel
 
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     g = configs_for(head_dim).gluon_dkdv
     gluon_dkdv_kernel[(triton.cdiv(seq_k, 2 * g.block_n) * batch * heads_k,)](
-        gluon_descriptor(q, g.block_m), gluon_descriptor(k, g.block_n), gluon_descriptor(v, g.block_n),
-        gluon_descriptor(do, g.block_m), gluon_descriptor(dk, g.block_n), gluon_descriptor(dv, g.block_n),
+        descriptor(q, g.block_m), descriptor(k, g.block_n), descriptor(v, g.block_n),
+        descriptor(do, g.block_m), descriptor(dk, g.block_n), descriptor(dv, g.block_n),
         lse, delta, heads, heads // heads_k, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
         1.0 / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m, STAGES=g.stages,
         CAUSAL=is_causal, OVERLAP=g.overlap, num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
