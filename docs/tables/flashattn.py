@@ -317,6 +317,8 @@ def features() -> str:
 
 HOPPER_MULTIHEAD = "docs/data/flashattn-hopper-multihead-2026-12-01c.csv"
 HOPPER_MULTIHEAD_4 = "docs/data/flashattn-hopper-multihead-2026-12-01d.csv"
+HOPPER_MULTIHEAD_5 = "docs/data/flashattn-hopper-multihead-2026-12-01e.csv"
+HOPPER_MULTIHEAD_6 = "docs/data/flashattn-hopper-multihead-2026-12-01f.csv"
 
 
 def multihead_rows(path: str) -> str:
@@ -347,6 +349,18 @@ def hopper_multihead() -> str:
 def hopper_multihead_4() -> str:
     """Run 4 (20:53 UTC): the Gluon forward and the Gluon backward behind the public names."""
     return multihead_rows(HOPPER_MULTIHEAD_4)
+
+
+@block("flashattn.hopper-multihead-5")
+def hopper_multihead_5() -> str:
+    """Run 5 (21:06 UTC): every length of the benchmark list, before the descriptor layouts were cached."""
+    return multihead_rows(HOPPER_MULTIHEAD_5)
+
+
+@block("flashattn.hopper-multihead-6")
+def hopper_multihead_6() -> str:
+    """Run 6 (21:14 UTC): S = 4096 and 8192 after the descriptor layouts were cached."""
+    return multihead_rows(HOPPER_MULTIHEAD_6)
 
 
 GLUON_BACKWARD = "docs/data/flashattn-gluon-bwd-2026-12-01d.csv"
