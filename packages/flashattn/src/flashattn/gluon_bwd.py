@@ -28,6 +28,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from flashattn.gluon_ring import ring_barriers
+
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
@@ -229,16 +231,8 @@ def gluon_dkdv_kernel(
     p_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)  # 2 per warpgroup
     ds_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)  # both consumers release each slot
-        mbarrier.init(do_empty.index(i), count=2)
+    q_ready, q_empty, do_ready, do_empty = ring_barriers(STAGES, 2)  # both consumers release each slot
 
     smem = (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem)
     bars = (kv_bar, q_ready, q_empty, do_ready, do_empty)

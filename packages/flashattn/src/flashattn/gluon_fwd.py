@@ -29,6 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from flashattn.gluon_ring import ring_barriers
+
 LN2 = gl.constexpr(0.6931471805599453)
 
 
@@ -305,18 +307,10 @@ def gluon_fwd_kernel(
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer h waits on [h]
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bar.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases each slot
-        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    k_ready, k_empty, v_ready, v_empty = ring_barriers(STAGES, CONSUMERS)  # every consumer releases each slot
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer h waits on [h]
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
 
