@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashattn.gluon_ring import ring_barriers
+from flashattn.gluon_common import ring_barriers
 
 LOG2E = gl.constexpr(1.4426950408889634)
 

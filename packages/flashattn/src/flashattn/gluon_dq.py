@@ -24,7 +24,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashattn.gluon_ring import ring_barriers
+from flashattn.gluon_common import query_tile, ring_barriers
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -186,13 +186,7 @@ def gluon_dq_kernel(
     within each (batch, head). ``desc_q, desc_o, desc_do, desc_dq`` have ``(1, 1, BLOCK_M, HEAD_DIM)``
     blocks, ``desc_k, desc_v`` ``(1, 1, BLOCK_N, HEAD_DIM)``."""
     ROWS: gl.constexpr = 2 * BLOCK_M
-    n_tiles = gl.cdiv(seq_q, ROWS)
-    w = gl.program_id(0)
-    bh = w // n_tiles
-    start_m = (n_tiles - 1 - w % n_tiles) * ROWS
-    h = bh % n_heads
-    b = bh // n_heads
-    hk = h // group
+    b, bh, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group)
     if CAUSAL:  # the keys the program's last row sees
         n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + seq_k - seq_q), BLOCK_N)
     else:

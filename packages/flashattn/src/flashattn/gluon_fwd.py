@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashattn.gluon_ring import ring_barriers
+from flashattn.gluon_common import query_tile, ring_barriers
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -291,13 +291,7 @@ def gluon_fwd_kernel(
     ``PINGPONG`` (two consumers, overlapped) makes the two take turns to issue their products."""
     gl.static_assert(not PINGPONG or (CONSUMERS == 2 and OVERLAP), "PINGPONG needs two overlapped consumers")
     ROWS: gl.constexpr = CONSUMERS * BLOCK_M
-    n_tiles = gl.cdiv(seq_q, ROWS)
-    w = gl.program_id(0)
-    bh = w // n_tiles
-    start_m = (n_tiles - 1 - w % n_tiles) * ROWS
-    h = bh % n_heads
-    hk = h // group
-    b = bh // n_heads
+    b, bh, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group)
     if CAUSAL:
         n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + seq_k - seq_q), BLOCK_N)
     else:

@@ -1,5 +1,6 @@
-"""The mbarriers of the Gluon kernels' shared-memory rings: ``STAGES`` slots, each holding one tile of two
-operands (K and V, or Q and dO), that a load warp fills and the consumer warpgroups drain."""
+"""Pieces the three Gluon kernels share: the mbarriers of their shared-memory rings (``STAGES`` slots, each
+holding one tile of two operands, K and V or Q and dO, that a load warp fills and the consumer warpgroups
+drain) and the query tile a program owns."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -22,3 +23,14 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
         mbarrier.init(a_empty.index(i), count=CONSUMERS)
         mbarrier.init(b_empty.index(i), count=CONSUMERS)
     return a_ready, a_empty, b_ready, b_empty
+
+
+@gluon.jit
+def query_tile(ROWS: gl.constexpr, seq_q, n_heads, group):
+    """``(b, bh, h, hk, start_m)`` of program ``program_id(0)``, which owns ``ROWS`` query rows of one
+    (batch, head): the heaviest (last) causal tile of each head first."""
+    n_tiles = gl.cdiv(seq_q, ROWS)
+    w = gl.program_id(0)
+    bh = w // n_tiles
+    h = bh % n_heads
+    return bh // n_heads, bh, h, h // group, (n_tiles - 1 - w % n_tiles) * ROWS
