@@ -26,3 +26,8 @@ def test_gluon_backward_kernels_compile_for_sm90_without_spills(kernel, head_dim
     assert row["wgmma"] > 0 and row["setmaxnreg"] > 0, row
     assert row["spill_bytes"] == 0 and row["stack_bytes"] == 0, row
     assert 0 < row["shared_bytes"] <= SHARED_LIMIT and row["registers"] > 0, row
+
+
+def test_dkdv_query_tiles_below_a_warpgroup_are_refused_by_name():
+    with pytest.raises(Exception, match="BLOCK_M must be a multiple of 64"):
+        compile_sm90(128, {"block_m": 32}, True, "dkdv")

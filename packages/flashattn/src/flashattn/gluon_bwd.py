@@ -209,6 +209,7 @@ def gluon_dkdv_kernel(
     """Program ``w``: ``dK, dV`` of ``2 * BLOCK`` keys of one K/V head over its ``group`` query heads; within
     each (batch, K/V head) the earliest keys (the most causal work) go first. All descriptors have
     ``(1, 1, BLOCK, HEAD_DIM)`` blocks but ``desc_q, desc_do``'s, which have ``(1, 1, BLOCK_M, HEAD_DIM)``."""
+    gl.static_assert(BLOCK_M % 64 == 0, "BLOCK_M must be a multiple of 64: S has a warpgroup's 4 x 16 rows")
     KEYS: gl.constexpr = 2 * BLOCK
     n_tiles = gl.cdiv(seq_k, KEYS)
     w = gl.program_id(0)
