@@ -218,23 +218,17 @@ def test_public_layouts_and_fallbacks():
     assert choose(q.float(), k.float(), v.float(), True).forward == "portable"
 
 
+PINNED_BACKWARDS = {"hopper5": "backward5", "gluon": "gluon_backward"}  # dispatch name -> BACKWARDS key
+
+
+@pytest.mark.parametrize("kernel", PINNED_BACKWARDS)
 @pytest.mark.parametrize("case", [CASES[3], CASES[10]], ids=_case_id)
-def test_public_path_runs_pinned_five_product_backward(case):
-    """``FlashAttention2Triton`` with the five-product backward pinned: bitwise :func:`hopper.backward5`."""
+def test_public_path_runs_the_pinned_backward(case, kernel):
+    """``FlashAttention2Triton`` with the five-product or the Gluon backward pinned: bitwise the launcher's
+    own output."""
     q, k, v, do = _inputs(case, torch.bfloat16, seed=9)
-    with pinned_kernels("gluon", "hopper5"):
+    with pinned_kernels("gluon", kernel):
         ours = _public(FlashAttention2Triton.apply, q, k, v, do, case[-1])
-    direct = hopper.backward5(q, k, v, ours[0], ours[1], do, case[-1])
-    for name, a, b in zip(("dq", "dk", "dv"), ours[2:], direct, strict=True):
-        assert torch.equal(a, b), name
-
-
-@pytest.mark.parametrize("case", [CASES[3], CASES[10]], ids=_case_id)
-def test_public_path_runs_pinned_gluon_backward(case):
-    """``FlashAttention2Triton`` with the Gluon backward pinned: bitwise :func:`hopper.gluon_backward`."""
-    q, k, v, do = _inputs(case, torch.bfloat16, seed=10)
-    with pinned_kernels("gluon", "gluon"):
-        ours = _public(FlashAttention2Triton.apply, q, k, v, do, case[-1])
-    direct = hopper.gluon_backward(q, k, v, ours[0], ours[1], do, case[-1])
+    direct = BACKWARDS[PINNED_BACKWARDS[kernel]](q, k, v, ours[0], ours[1], do, case[-1])
     for name, a, b in zip(("dq", "dk", "dv"), ours[2:], direct, strict=True):
         assert torch.equal(a, b), name

@@ -262,19 +262,6 @@ def gluon_descriptor(t: Tensor, rows: int):
     return GluonDescriptor.from_tensor(t, [1, 1, rows, head_dim], _gluon_layout(rows, head_dim, t.dtype))
 
 
-class _Descriptors:
-    """:func:`gluon_descriptor` made once per (tensor, rows) for one backward: its two kernels share most."""
-
-    def __init__(self) -> None:
-        self.made: dict[tuple[int, int], object] = {}
-
-    def __call__(self, t: Tensor, rows: int):
-        key = (id(t), rows)
-        if key not in self.made:
-            self.made[key] = gluon_descriptor(t, rows)
-        return self.made[key]
-
-
 def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
     """:func:`forward` by the warp-specialised Gluon kernel of :mod:`flashattn.gluon_fwd` (sm90 GPUs only):
     ``o`` ``(B, H, Sq, d)`` and fp32 ``lse`` ``(B, H, Sq)``, natural log."""
@@ -310,34 +297,57 @@ def _check_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do:
     _check_device(q)
 
 
+def _prepared(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    do: Tensor,
+    is_causal: bool,
+    gpu_only: bool = False,
+) -> tuple:
+    """Checked, copy-engine-ready inputs of a backward and its outputs, allocated:
+    ``(q, k, v, o, lse, do, dq, dk, dv, delta)`` (gradients in the layouts of ``q, k, v``). ``gpu_only``:
+    also refuse the interpreter and GPUs other than sm90 (the Gluon kernels)."""
+    _check_backward(q, k, v, o, lse, do, is_causal)
+    if gpu_only and (reason := device_reason(q.device)) is not None:
+        raise ValueError(reason)
+    q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    return q, k, v, o, lse, do, *(torch.empty_like(t) for t in (q, k, v, lse))
+
+
+def _triton_dq_pass(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, dq: Tensor,
+    delta: Tensor,
+) -> None:  # fmt: skip
+    """``D`` into ``delta`` and ``dQ`` into ``dq`` by the Triton-language :func:`hopper_bwd.dq_kernel`."""
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    t = configs_for(head_dim).dq
+    dq_kernel[(triton.cdiv(seq_q, t.block_m) * batch * heads,)](
+        _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(o, t.block_m),
+        _desc(do, t.block_m), _desc(dq, t.block_m), lse, delta,
+        heads, heads // heads_k, batch * heads, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
+        1.0 / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
+        TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
+    )  # fmt: skip
+
+
 def backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``dq, dk, dv`` (in the layouts of ``q, k, v``) from the forward's ``o`` and ``lse``: seven tile
     products (the dQ kernel recomputes ``Q K^T`` and ``dO V^T``)."""
-    _check_backward(q, k, v, o, lse, do, is_causal)
-    q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
-    lse = lse.contiguous()
+    q, k, v, o, lse, do, dq, dk, dv, delta = _prepared(q, k, v, o, lse, do, is_causal)
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
-    configs = configs_for(head_dim)
-    head_counts = (heads, heads // heads_k)
-    qk_scale, sm_scale = LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim)
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    delta = torch.empty_like(lse)
-
-    t = configs.dq
-    dq_kernel[(triton.cdiv(seq_q, t.block_m) * batch * heads,)](
-        _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(o, t.block_m),
-        _desc(do, t.block_m), _desc(dq, t.block_m), lse, delta,
-        *head_counts, batch * heads, seq_q, seq_k, qk_scale, sm_scale,
-        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
-        TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
-    )  # fmt: skip
-    t = configs.dkdv
+    _triton_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta)
+    t = configs_for(head_dim).dkdv
     dkdv_kernel[(triton.cdiv(seq_k, t.block_n) * batch * heads_k,)](
         _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(do, t.block_m),
         _desc(dk, t.block_n), _desc(dv, t.block_n), lse, delta,
-        *head_counts, batch * heads_k, seq_q, seq_k, qk_scale, sm_scale,
+        heads, heads // heads_k, batch * heads_k, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
+        1.0 / math.sqrt(head_dim),
         HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
         TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
     )  # fmt: skip
@@ -349,15 +359,8 @@ def gluon_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`backward` by the Gluon kernels (sm90 GPUs only): :func:`gluon_dq_pass` (``D`` and ``dQ``), then
     :func:`gluon_dkdv_pass`. Seven tile products, as :func:`backward`."""
-    _check_backward(q, k, v, o, lse, do, is_causal)
-    reason = device_reason(q.device)
-    if reason is not None:
-        raise ValueError(reason)
-    q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
-    lse = lse.contiguous()
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    delta = torch.empty_like(lse)
-    descriptor = _Descriptors()
+    q, k, v, o, lse, do, dq, dk, dv, delta = _prepared(q, k, v, o, lse, do, is_causal, gpu_only=True)
+    descriptor = functools.cache(gluon_descriptor)  # one per (tensor, rows): the two kernels share most
     gluon_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta, descriptor)
     gluon_dkdv_pass(q, k, v, do, lse, delta, is_causal, dk, dv, descriptor)
     return dq, dk, dv
@@ -374,9 +377,8 @@ def gluon_dq_pass(
     from flashattn.gluon_dq import gluon_dq_kernel
 
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
-    configs = configs_for(head_dim)
     qk_scale, sm_scale = LOG2E / math.sqrt(head_dim), 1.0 / math.sqrt(head_dim)
-    if (t := configs.gluon_dq) is not None:
+    if (t := configs_for(head_dim).gluon_dq) is not None:
         desc_q, desc_o, desc_do, desc_dq = (descriptor(x, t.block_m) for x in (q, o, do, dq))
         desc_k, desc_v = (descriptor(x, t.block_n) for x in (k, v))
         gluon_dq_kernel[(triton.cdiv(seq_q, 2 * t.block_m) * batch * heads,)](
@@ -385,15 +387,8 @@ def gluon_dq_pass(
             STAGES=t.stages, CAUSAL=is_causal, OVERLAP=t.overlap, num_warps=4,
             maxnreg=GluonTile(consumers=2).maxnreg(),
         )  # fmt: skip
-        return
-    t = configs.dq
-    dq_kernel[(triton.cdiv(seq_q, t.block_m) * batch * heads,)](
-        _desc(q, t.block_m), _desc(k, t.block_n), _desc(v, t.block_n), _desc(o, t.block_m),
-        _desc(do, t.block_m), _desc(dq, t.block_m), lse, delta,
-        heads, heads // heads_k, batch * heads, seq_q, seq_k, qk_scale, sm_scale,
-        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, CAUSAL=is_causal,
-        TILE_MAJOR=t.tile_major, WARP_SPEC=t.warp_spec, **_opts(t),
-    )  # fmt: skip
+    else:
+        _triton_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta)
 
 
 def gluon_dkdv_pass(
@@ -420,14 +415,10 @@ def backward5(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`backward` in five tile products (:mod:`flashattn.hopper_bwd5`): the dK/dV programs also add
     ``dS K`` into an fp32 dQ accumulator, one key tile at a time in a fixed order (bitwise repeatable)."""
-    _check_backward(q, k, v, o, lse, do, is_causal)
-    q, k, v, o, do = (_tma_ready(t) for t in (q, k, v, o, do))
-    lse = lse.contiguous()
+    q, k, v, o, lse, do, dq, dk, dv, delta = _prepared(q, k, v, o, lse, do, is_causal)
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     t = configs_for(head_dim).dkdvdq
     n_m_tiles = triton.cdiv(seq_q, t.block_m)
-    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
-    delta = torch.empty_like(lse)
     turns = torch.empty((batch * heads, n_m_tiles * TURN_STRIDE.value), dtype=torch.int32, device=q.device)
     acc_shape = (batch * heads, n_m_tiles * t.block_m, head_dim)  # fp32 dQ, rows padded to whole tiles
     dq_acc = torch.empty(acc_shape, dtype=torch.float32, device=q.device)
