@@ -66,6 +66,7 @@ BACKWARDS = {
     "backward": hopper.backward,
     "backward5": hopper.backward5,
     "gluon_backward": hopper.gluon_backward,
+    "gluon_backward5": hopper.gluon_backward5,
 }
 
 
@@ -112,13 +113,14 @@ def test_repeat_runs_are_bitwise_identical(case, backward):
             assert torch.equal(a, b), f"{name} differs between identical runs"
 
 
-def test_five_product_backward_matches_seven_product():
+@pytest.mark.parametrize("five", [hopper.backward5, hopper.gluon_backward5], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_five_product_backward_matches_seven_product(five, causal):
     """Same function on long inputs, where a wrong turn or a lost addition would stand out."""
     q, k, v, do = _inputs(REPEAT_CASES[2], torch.bfloat16, seed=8)
-    o, lse = hopper.forward(q, k, v, False)
-    seven = hopper.backward(q, k, v, o, lse, do, False)
-    five = hopper.backward5(q, k, v, o, lse, do, False)
-    for name, a, b in zip(("dq", "dk", "dv"), five, seven, strict=True):
+    o, lse = hopper.forward(q, k, v, causal)
+    seven = hopper.backward(q, k, v, o, lse, do, causal)
+    for name, a, b in zip(("dq", "dk", "dv"), five(q, k, v, o, lse, do, causal), seven, strict=True):
         assert _rel_err(a, b.double()) < 1e-2, name
 
 

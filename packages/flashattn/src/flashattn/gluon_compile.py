@@ -30,7 +30,7 @@ VARIANTS = {
 }
 
 
-KERNELS = ("forward", "dq", "dkdv")
+KERNELS = ("forward", "dq", "dkdv", "dkdvdq")
 
 
 def _launch(kernel: str, head_dim: int, changes: dict, causal: bool) -> tuple:
@@ -63,15 +63,21 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool) -> tuple:
         constants = {"HEAD_DIM": head_dim, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
                      "STAGES": tile.stages, "CAUSAL": causal, "OVERLAP": tile.overlap}  # fmt: skip
         return gluon_dq_kernel, descs, scalars, constants, maxnreg
-    from flashattn.gluon_bwd import gluon_dkdv_kernel
-
-    tile = configs.gluon_dkdv._replace(**changes)
+    tile = (configs.gluon_dkdv if kernel == "dkdv" else configs.gluon_dkdvdq)._replace(**changes)
     names = ("q", "k", "v", "do", "dk", "dv")
     descs = {f"desc_{n}": gluon_descriptor(t, tile.block_m if n in ("q", "do") else tile.block_n)
              for n in names}  # fmt: skip
     constants = {"HEAD_DIM": head_dim, "BLOCK": tile.block_n, "BLOCK_M": tile.block_m, "STAGES": tile.stages,
-                 "CAUSAL": causal, "OVERLAP": tile.overlap}  # fmt: skip
-    return gluon_dkdv_kernel, descs, scalars, constants, maxnreg
+                 "CAUSAL": causal}  # fmt: skip
+    if kernel == "dkdv":
+        from flashattn.gluon_bwd import gluon_dkdv_kernel
+
+        return gluon_dkdv_kernel, descs, scalars, constants | {"OVERLAP": tile.overlap}, maxnreg
+    from flashattn.gluon_bwd5 import gluon_dkdvdq_kernel
+    from flashattn.hopper import dq_accumulator
+
+    descs["desc_acc"] = dq_accumulator(t, tile.block_m)[1]
+    return gluon_dkdvdq_kernel, descs, scalars | {"TURNS": "*i32"}, constants, maxnreg
 
 
 def compile_sm90(head_dim: int, changes: dict, causal: bool, kernel: str = "forward") -> dict:

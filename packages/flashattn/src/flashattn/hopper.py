@@ -108,6 +108,7 @@ class HopperConfigs(NamedTuple):
     dkdvdq: HopperTile = HopperTile(64, 128, 8, 3)
     gluon_dkdv: GluonBwdTile = GluonBwdTile()
     gluon_dq: GluonDqTile | None = GluonDqTile()  # None: the Triton-language dQ kernel
+    gluon_dkdvdq: GluonBwdTile = GluonBwdTile()  # its `overlap` is unused: the kernel always overlaps
 
 
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
@@ -408,6 +409,52 @@ def gluon_dkdv_pass(
         1.0 / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m, STAGES=g.stages,
         CAUSAL=is_causal, OVERLAP=g.overlap, num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
     )  # fmt: skip
+
+
+def dq_accumulator(q: Tensor, rows: int) -> tuple[Tensor, object]:
+    """A zeroed fp32 dQ accumulator of ``q (B, H, Sq, d)``, rows padded to whole ``rows``-row tiles, and its
+    Gluon TMA descriptor with ``(1, 1, rows, d / 2)`` blocks (one consumer warpgroup's half)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    batch, heads, seq_q, head_dim = q.shape
+    acc = torch.zeros((batch, heads, triton.cdiv(seq_q, rows) * rows, head_dim), dtype=torch.float32,
+                      device=q.device)  # fmt: skip
+    block = [1, 1, rows, head_dim // 2]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    return acc, GluonDescriptor.from_tensor(acc, block, layout)
+
+
+def gluon_backward5(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`backward` in five tile products by the Gluon kernel of :mod:`flashattn.gluon_bwd5` (sm90 GPUs
+    only): ``D`` and zeroed turns (:func:`flashattn.hopper_bwd5.delta_kernel`), then one program per
+    (``2 * block_n`` keys, batch, K/V head) for ``dK, dV`` and the ``dQ`` parts, added in a fixed order into
+    an fp32 accumulator that is then scaled into ``dq``."""
+    from flashattn.gluon_bwd5 import gluon_dkdvdq_kernel
+
+    q, k, v, o, lse, do, dq, dk, dv, delta = _prepared(q, k, v, o, lse, do, is_causal, gpu_only=True)
+    (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
+    g = configs_for(head_dim).gluon_dkdvdq
+    n_m_tiles = triton.cdiv(seq_q, g.block_m)
+    turns = torch.empty((batch * heads, n_m_tiles * TURN_STRIDE.value), dtype=torch.int32, device=q.device)
+    delta_kernel[(n_m_tiles, batch * heads)](
+        _desc(o, g.block_m), _desc(do, g.block_m), delta, turns, heads, seq_q, n_m_tiles,
+        HEAD_DIM=head_dim, BLOCK_M=g.block_m, num_warps=4,
+    )  # fmt: skip
+    acc, desc_acc = dq_accumulator(q, g.block_m)
+    descriptor = functools.cache(gluon_descriptor)
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    gluon_dkdvdq_kernel[(triton.cdiv(seq_k, 2 * g.block_n) * batch * heads_k,)](
+        descriptor(q, g.block_m), descriptor(k, g.block_n), descriptor(v, g.block_n),
+        descriptor(do, g.block_m), descriptor(dk, g.block_n), descriptor(dv, g.block_n), desc_acc,
+        lse, delta, turns, heads, heads // heads_k, seq_q, seq_k, LOG2E * sm_scale, sm_scale,
+        HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m, STAGES=g.stages, CAUSAL=is_causal,
+        num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
+    )  # fmt: skip
+    torch.mul(acc[:, :, :seq_q], sm_scale, out=dq)
+    return dq, dk, dv
 
 
 def backward5(

@@ -3,8 +3,9 @@
 Steps: the Triton-language kernels' tile tables (``tma-*``), the Gluon forward's variants (``gluon-*``,
 :data:`flashattn.gluon_compile.VARIANTS`: the default, and one change each, such as without the pipelined
 key loop, one or three consumer warpgroups, ping-pong, other stage counts), the five-product backward's
-tiles (``bwd5-*``, :func:`flashattn.hopper.backward5`) and the Gluon backward's (``gbwd-*``,
-:func:`flashattn.hopper.gluon_backward`).
+tiles (``bwd5-*``, :func:`flashattn.hopper.backward5`), the Gluon backward's (``gbwd-*``,
+:func:`flashattn.hopper.gluon_backward`) and the five-product Gluon backward's (``g5-*``,
+:func:`flashattn.hopper.gluon_backward5`).
 
 One row per (technique step, pass, causal, length): median milliseconds (``triton.testing.do_bench``),
 TFLOP/s (``4 B H Sq Sk d``, halved when causal, x2.5 for the backward; with ``--kernels``, also passes
@@ -52,6 +53,11 @@ GLUON_BWD_STEPS = {  # name -> (dK/dV tile changes, dQ tile changes or None: the
     "dq-keys-128": ({}, {"block_n": 128, "overlap": False, "stages": 2}),
 }
 
+GLUON_BWD5_STEPS = {  # name -> changes to the five-product Gluon kernel's tile
+    "default": {},
+    "stages-2": {"stages": 2},
+}
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m flashattn.hopper_bench", description=__doc__.split("\n\n")[0])
@@ -69,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bwd5-steps", nargs="*", default=list(BWD5_STEPS), help=f"of {list(BWD5_STEPS)}")
     p.add_argument(
         "--gluon-bwd-steps", nargs="*", default=list(GLUON_BWD_STEPS), help=f"of {list(GLUON_BWD_STEPS)}"
+    )
+    p.add_argument(
+        "--gluon-bwd5-steps", nargs="*", default=list(GLUON_BWD5_STEPS), help=f"of {list(GLUON_BWD5_STEPS)}"
     )
     p.add_argument(
         "--gluon-steps", nargs="*", default=list(GLUON_VARIANTS), help=f"of {list(GLUON_VARIANTS)}"
@@ -186,6 +195,11 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
                 }
                 for pas, fn in passes.items():
                     record(f"gbwd-{name}", pas, fn)
+    for name in args.gluon_bwd5_steps:
+        with hopper.pinned_configs(default._replace(gluon_dkdvdq=default.gluon_dkdvdq._replace(
+                **GLUON_BWD5_STEPS[name]))):  # fmt: skip
+            err = grads_err(hopper.gluon_backward5(q, k, v, o, lse, do, causal))
+            record(f"g5-{name}", "bwd", lambda: hopper.gluon_backward5(q, k, v, o, lse, do, causal), err)
 
 
 def _with_ratios(rows: list[dict], args):
@@ -194,7 +208,7 @@ def _with_ratios(rows: list[dict], args):
     from analysis.accounting import attention_flops
 
     table = pd.DataFrame(rows)
-    whole = table[~table.step.str.startswith(("tma-", "gluon-", "bwd5-", "gbwd-"))]
+    whole = table[~table.step.str.startswith(("tma-", "gluon-", "bwd5-", "gbwd-", "g5-"))]
     both = whole.groupby(["seq", "causal", "step"], sort=False).agg(
         ms=("ms", "sum"), err_vs_cudnn=("err_vs_cudnn", "max")
     )
