@@ -64,18 +64,30 @@ def _load_partition(loads, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: g
 
 
 @gluon.jit
-def _issue_scores(i, walk, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for step ``i``'s ``Q, dO`` and issue ``S = Q K^T`` and ``dP = dO V^T`` (asynchronous)."""
-    k_t, v_t, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count = walk
+def _issue_s(i, walk, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for step ``i``'s ``Q`` and issue ``S = Q K^T`` (asynchronous)."""
+    k_t, _, q_smem, _, q_ready, _, s_zero, first_m, count = walk
     slot, phase, _, _ = _tile(i, first_m, count, BLOCK_M, STAGES)
     mbarrier.wait(q_ready.index(slot), phase)
-    s = warpgroup_mma(
-        q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), k_t, s_zero, use_acc=False, is_async=True
-    )
+    q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    return warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_dp(i, walk, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for step ``i``'s ``dO`` and issue ``dP = dO V^T`` (asynchronous)."""
+    _, v_t, _, do_smem, _, do_ready, s_zero, first_m, count = walk
+    slot, phase, _, _ = _tile(i, first_m, count, BLOCK_M, STAGES)
     mbarrier.wait(do_ready.index(slot), phase)
-    dp = warpgroup_mma(do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), v_t, s_zero, use_acc=False,
-                       is_async=True)  # fmt: skip
-    return s, dp
+    do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    return warpgroup_mma(do, v_t, s_zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_scores(i, walk, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for step ``i``'s ``Q, dO`` and issue ``S = Q K^T`` and ``dP = dO V^T`` (asynchronous)."""
+    s = _issue_s(i, walk, BLOCK_M, HEAD_DIM, STAGES)
+    return s, _issue_dp(i, walk, BLOCK_M, HEAD_DIM, STAGES)
 
 
 @gluon.jit

@@ -36,7 +36,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import builtin
 
-from flashattn.gluon_bwd import _issue_grads, _issue_scores, _load_partition, _stage_operands, _tile
+from flashattn.gluon_bwd import (
+    _issue_dp,
+    _issue_grads,
+    _issue_s,
+    _issue_scores,
+    _load_partition,
+    _stage_operands,
+    _tile,
+)
 from flashattn.gluon_common import ring_barriers
 
 TURN_STRIDE = gl.constexpr(32)  # int32s between two query tiles' counters: one 128-byte line each
@@ -145,7 +153,7 @@ def _stage_dq(i, dq, q_smem, do_smem, ds_free, dq_full, HALF: gl.constexpr, STAG
 @gluon.jit
 def _consumer(
     part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, EARLY_DQ: gl.constexpr, DEFER_STAGE: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup's ``BLOCK`` keys (half ``HALF``) over every query tile of the group, and head-dim half
     ``HALF`` of every step's ``dQ`` part. ``part = (out, smem, bars, where)`` as in
@@ -180,17 +188,31 @@ def _consumer(
     s, dp = _issue_scores(0, walk, BLOCK_M, HEAD_DIM, STAGES)
     _stage_operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
     mbarrier.arrive(ds_ready.index(0), count=1)
+    dq = dq_zero
     for i in range(1, n_steps):  # step i's S and dP, then step i - 1's dV, dK and dQ products
-        s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
+        s = _issue_s(i, walk, BLOCK_M, HEAD_DIM, STAGES)
+        if DEFER_STAGE:  # noqa: SIM102 (a compile-time branch around a run-time one)
+            # step i - 2's dQ part, while S runs
+            if i >= 2:
+                _stage_dq(i - 2, dq, q_smem, do_smem, ds_free, dq_full, HALF, STAGES)
+        dp = _issue_dp(i, walk, BLOCK_M, HEAD_DIM, STAGES)
         dk, dv = _issue_grads(i - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
+        if EARLY_DQ:  # queued behind dV and dK, while this warpgroup computes P and dS
+            mbarrier.wait(ds_ready.index((i - 1) % 2), ((i - 1) // 2) & 1)
+            dq = _issue_dq(i - 1, k_smem, ds_smem, dq_zero, HALF, BLOCK, HEAD_DIM)
         mbarrier.wait(ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both dQ products of step i - 2 are done
-        _stage_operands(i, s, dp, grads, 2, BLOCK, BLOCK_M, CAUSAL, s_layout)
+        _stage_operands(i, s, dp, grads, 4 if EARLY_DQ else 2, BLOCK, BLOCK_M, CAUSAL, s_layout)
         mbarrier.arrive(ds_ready.index(i % 2), count=1)
-        mbarrier.wait(ds_ready.index((i - 1) % 2), ((i - 1) // 2) & 1)
-        dq = _issue_dq(i - 1, k_smem, ds_smem, dq_zero, HALF, BLOCK, HEAD_DIM)
+        if not EARLY_DQ:
+            mbarrier.wait(ds_ready.index((i - 1) % 2), ((i - 1) // 2) & 1)
+            dq = _issue_dq(i - 1, k_smem, ds_smem, dq_zero, HALF, BLOCK, HEAD_DIM)
         dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
         mbarrier.arrive(ds_free.index((i - 1) % 2), count=1)
-        _stage_dq(i - 1, dq, q_smem, do_smem, ds_free, dq_full, HALF, STAGES)
+        if not DEFER_STAGE:
+            _stage_dq(i - 1, dq, q_smem, do_smem, ds_free, dq_full, HALF, STAGES)
+    if DEFER_STAGE:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if n_steps >= 2:
+            _stage_dq(n_steps - 2, dq, q_smem, do_smem, ds_free, dq_full, HALF, STAGES)
     dk, dv = _issue_grads(n_steps - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
     mbarrier.wait(ds_ready.index((n_steps - 1) % 2), ((n_steps - 1) // 2) & 1)
     dq = _issue_dq(n_steps - 1, k_smem, ds_smem, dq_zero, HALF, BLOCK, HEAD_DIM)
@@ -211,10 +233,10 @@ def _consumer(
 @gluon.jit
 def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    CAUSAL: gl.constexpr, EARLY_DQ: gl.constexpr, DEFER_STAGE: gl.constexpr,
 ):  # fmt: skip
     """The second consumer warpgroup: the program's second ``BLOCK`` keys and the right half of ``dQ``."""
-    _consumer(part, 1, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL)
+    _consumer(part, 1, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, EARLY_DQ, DEFER_STAGE)
 
 
 @gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
@@ -222,7 +244,7 @@ def gluon_dkdvdq_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_acc, LSE, DELTA, TURNS, n_heads, group, seq_q,
     seq_k, qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    CAUSAL: gl.constexpr, EARLY_DQ: gl.constexpr, DEFER_STAGE: gl.constexpr,
 ):  # fmt: skip
     """Program ``w``: ``dK, dV`` of ``2 * BLOCK`` keys of one K/V head over its ``group`` query heads, and
     their ``dQ`` parts added into ``desc_acc`` (fp32 ``(B, H, n_m_tiles * BLOCK_M, HEAD_DIM)``, zeroed; blocks
@@ -273,8 +295,8 @@ def gluon_dkdvdq_kernel(
             first_m, count, seq_q, seq_k)  # fmt: skip
     gl.warp_specialize(
         [
-            (_consumer, (part, 0, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL)),
-            (_consumer_worker, (part, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL)),
+            (_consumer, (part, 0, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, EARLY_DQ, DEFER_STAGE)),
+            (_consumer_worker, (part, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, EARLY_DQ, DEFER_STAGE)),
             (_load_partition, (loads, BLOCK, BLOCK_M, STAGES)),
             (_reduce_partition, (adds, BLOCK, BLOCK_M, HEAD_DIM, STAGES, CAUSAL)),
         ],

@@ -1,7 +1,8 @@
 """Compile the Gluon kernels for compute capability 9.0 on any machine (no GPU) and report what ptxas says.
 
 For each (kernel, head dim, variant, causal): seconds to compile, shared memory bytes, registers per thread
-at entry, stack frame and spill bytes (``ptxas -v`` of the PTX, for sm_90a), and the counts of ``wgmma``
+at entry, stack frame and spill bytes (``ptxas -v`` of the PTX, for sm_90a), whether ptxas serialised the
+``wgmma`` instructions for want of registers (its warning C7512), and the counts of ``wgmma``
 instructions and register moves (``setmaxnreg``) in the PTX: the checks that a kernel change keeps its matrix
 instructions and does not spill, before any GPU time is spent. Kernels: ``forward``
 (:mod:`flashattn.gluon_fwd`; variants :data:`VARIANTS` are changes to :class:`flashattn.hopper.GluonTile`,
@@ -77,6 +78,7 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool) -> tuple:
     from flashattn.hopper import dq_accumulator
 
     descs["desc_acc"] = dq_accumulator(t, tile.block_m)[1]
+    constants |= {"EARLY_DQ": tile.early_dq, "DEFER_STAGE": tile.defer_stage}
     return gluon_dkdvdq_kernel, descs, scalars | {"TURNS": "*i32"}, constants, maxnreg
 
 
@@ -112,7 +114,7 @@ def compile_sm90(head_dim: int, changes: dict, causal: bool, kernel: str = "forw
     return {"kernel": kernel, "head_dim": head_dim, "changes": changes, "causal": causal,
             "compile_s": round(seconds, 1), "shared_bytes": compiled.metadata.shared,
             "registers": number(r"Used (\d+) registers"), "stack_bytes": number(r"(\d+) bytes stack frame"),
-            "spill_bytes": number(r"(\d+) bytes spill stores"),
+            "spill_bytes": number(r"(\d+) bytes spill stores"), "wgmma_serialized": "C7512" in report,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg")}  # fmt: skip
 
 

@@ -97,6 +97,19 @@ class GluonDqTile(NamedTuple):
     overlap: bool = True
 
 
+class GluonBwd5Tile(NamedTuple):
+    """Launch shape of the five-product Gluon kernel: :class:`GluonBwdTile`'s tiles, always overlapped;
+    ``early_dq`` issues a step's ``dQ`` products before the next step's softmax (else after it),
+    ``defer_stage`` stages a step's ``dQ`` part after the step two on has issued its ``S, dP`` (else as soon
+    as it is done)."""
+
+    block_n: int = 64
+    block_m: int = 64
+    stages: int = 3
+    early_dq: bool = False
+    defer_stage: bool = False
+
+
 class HopperConfigs(NamedTuple):
     """One :class:`HopperTile` per Triton-language kernel (``dkdv`` and ``dkdvdq`` programs own ``block_n``
     keys, the others ``block_m``) and the Gluon forward's :class:`GluonTile`."""
@@ -108,7 +121,7 @@ class HopperConfigs(NamedTuple):
     dkdvdq: HopperTile = HopperTile(64, 128, 8, 3)
     gluon_dkdv: GluonBwdTile = GluonBwdTile()
     gluon_dq: GluonDqTile | None = GluonDqTile()  # None: the Triton-language dQ kernel
-    gluon_dkdvdq: GluonBwdTile = GluonBwdTile()  # its `overlap` is unused: the kernel always overlaps
+    gluon_dkdvdq: GluonBwd5Tile = GluonBwd5Tile()
 
 
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
@@ -451,7 +464,7 @@ def gluon_backward5(
         descriptor(do, g.block_m), descriptor(dk, g.block_n), descriptor(dv, g.block_n), desc_acc,
         lse, delta, turns, heads, heads // heads_k, seq_q, seq_k, LOG2E * sm_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m, STAGES=g.stages, CAUSAL=is_causal,
-        num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
+        EARLY_DQ=g.early_dq, DEFER_STAGE=g.defer_stage, num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
     )  # fmt: skip
     torch.mul(acc[:, :, :seq_q], sm_scale, out=dq)
     return dq, dk, dv
