@@ -220,7 +220,8 @@ def test_public_layouts_and_fallbacks():
     assert choose(q.float(), k.float(), v.float(), True).forward == "portable"
 
 
-PINNED_BACKWARDS = {"hopper5": "backward5", "gluon": "gluon_backward"}  # dispatch name -> BACKWARDS key
+# dispatch name -> BACKWARDS key
+PINNED_BACKWARDS = {"hopper5": "backward5", "gluon": "gluon_backward", "gluon5": "gluon_backward5"}
 
 
 @pytest.mark.parametrize("kernel", PINNED_BACKWARDS)

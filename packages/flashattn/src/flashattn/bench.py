@@ -3,9 +3,9 @@
 Implementations: ``ours`` (``FlashAttention2Triton``, the public path: on sm90 the kernels
 :func:`flashattn.dispatch.choose` names), ``portable`` and ``hopper`` (that function with each kernel set
 pinned for both passes where the Hopper path covers the call), ``gluon`` (the Gluon forward with the portable
-backward), ``gluon_bwd`` (the Gluon forward and backward), ``hopper5`` (the Gluon forward with the
-five-product Hopper backward; only when named), ``naive``, ``sdpa_flash``, ``sdpa_cudnn``. Three tables, each
-with forward, backward and forward+backward
+backward), ``gluon_bwd`` (the Gluon forward and backward), ``hopper5`` and ``gluon5`` (the Gluon forward
+with the Triton-language or the Gluon five-product backward; only when named), ``naive``, ``sdpa_flash``,
+``sdpa_cudnn``. Three tables, each with forward, backward and forward+backward
 latency (``triton.testing.do_bench`` median, ms), TFLOP/s (``analysis.accounting.attention_flops``) and speed
 ratios measured in the same run:
 - ``multihead``: (1, 32 heads, S, 128) for S in ``--multihead-seqs`` (4096 ... 65 536) and (4, 16, 4096, 64),
@@ -24,10 +24,11 @@ import argparse
 from pathlib import Path
 
 IMPLEMENTATION_NAMES = (
-    "ours", "portable", "hopper", "gluon", "gluon_bwd", "hopper5", "naive", "sdpa_flash", "sdpa_cudnn"
+    "ours", "portable", "hopper", "gluon", "gluon_bwd", "hopper5", "gluon5", "naive", "sdpa_flash",
+    "sdpa_cudnn",
 )  # fmt: skip
-# not by default: hopper5 lost on every shape timed; gluon_bwd is what ours runs at d 64 and 128 on sm90
-DEFAULT_IMPLEMENTATIONS = [n for n in IMPLEMENTATION_NAMES if n not in ("hopper5", "gluon_bwd")]
+# not by default: hopper5 and gluon5 lost on every shape timed; gluon_bwd is what ours runs on sm90
+DEFAULT_IMPLEMENTATIONS = [n for n in IMPLEMENTATION_NAMES if n not in ("hopper5", "gluon5", "gluon_bwd")]
 TABLES = ("multihead", "sweep", "features")
 
 

@@ -24,8 +24,9 @@ OURS = (
     "gluon",
     "gluon_bwd",
     "hopper5",
+    "gluon5",
 )  # take K/V with fewer heads; others get them expanded (untimed)
-TFLOPS_COLUMNS = ("ours", "portable", "hopper", "gluon", "gluon_bwd", "hopper5", "sdpa_cudnn")
+TFLOPS_COLUMNS = ("ours", "portable", "hopper", "gluon", "gluon_bwd", "hopper5", "gluon5", "sdpa_cudnn")
 # (forward, backward) kernels of each pinned column where the sm90 path covers the call
 PINNED = {
     "portable": ("portable", "portable"),
@@ -33,6 +34,7 @@ PINNED = {
     "gluon": ("gluon", "portable"),
     "gluon_bwd": ("gluon", "gluon"),
     "hopper5": ("gluon", "hopper5"),
+    "gluon5": ("gluon", "gluon5"),
 }
 
 

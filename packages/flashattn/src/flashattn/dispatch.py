@@ -22,8 +22,9 @@ from flashattn.inputs import Window, as_4d, check_window
 from flashattn.pinning import Pin
 
 FORWARD_KERNELS = ("hopper", "gluon", "portable")  # "gluon": the warp-specialised sm90 forward
-# "hopper5": five tile products, dQ from dK/dV; "gluon": the warp-specialised dQ and dK/dV kernels
-BACKWARD_KERNELS = ("hopper", "hopper5", "gluon", "portable")
+# "hopper5": five tile products, dQ from dK/dV; "gluon": the warp-specialised dQ and dK/dV kernels;
+# "gluon5": the warp-specialised five-product kernel (dQ added in L2 in a fixed order)
+BACKWARD_KERNELS = ("hopper", "hopper5", "gluon", "gluon5", "portable")
 # The sm90 forward and, per head dim, the backward that follows it, with the measurements behind them
 # (`python -m flashattn.bench` times every kernel set in one run; docs/flashattn.md, Hopper section).
 HOPPER_FORWARD = "gluon"

@@ -107,7 +107,7 @@ class GluonBwd5Tile(NamedTuple):
     block_m: int = 64
     stages: int = 3
     early_dq: bool = False
-    defer_stage: bool = False
+    defer_stage: bool = True
 
 
 class HopperConfigs(NamedTuple):

@@ -55,10 +55,9 @@ GLUON_BWD_STEPS = {  # name -> (dK/dV tile changes, dQ tile changes or None: the
 
 GLUON_BWD5_STEPS = {  # name -> changes to the five-product Gluon kernel's tile
     "default": {},
+    "stage-at-once": {"defer_stage": False},
     "stages-2": {"stages": 2},
-    "defer-stage": {"defer_stage": True},
     "early-dq": {"early_dq": True},
-    "early-dq-defer-stage": {"early_dq": True, "defer_stage": True},
 }
 
 

@@ -47,7 +47,7 @@ def suite() -> list[Variant]:
 # benchmark's columns can run.
 SM90_KERNEL_SETS = (
     ("portable", "portable"), ("hopper", "hopper"), ("gluon", "portable"), ("gluon", "hopper5"),
-    ("gluon", "gluon"),
+    ("gluon", "gluon"), ("gluon", "gluon5"),
 )  # fmt: skip
 
 

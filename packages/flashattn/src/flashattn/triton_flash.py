@@ -258,6 +258,8 @@ class FlashAttention2Triton(torch.autograd.Function):
             dq, dk, dv = hopper.backward5(q4, k4, v4, o4, lse4, do4, ctx.is_causal)
         elif ctx.backward_kernel == "gluon":
             dq, dk, dv = hopper.gluon_backward(q4, k4, v4, o4, lse4, do4, ctx.is_causal)
+        elif ctx.backward_kernel == "gluon5":
+            dq, dk, dv = hopper.gluon_backward5(q4, k4, v4, o4, lse4, do4, ctx.is_causal)
         else:
             dq, dk, dv = run_backward(q4, k4, v4, o4, lse4, do4, ctx.is_causal, ctx.window, ctx.configs)
         return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None, None
