@@ -363,6 +363,60 @@ def hopper_multihead_6() -> str:
     return multihead_rows(HOPPER_MULTIHEAD_6)
 
 
+HOPPER_MULTIHEAD_7 = "docs/data/flashattn-hopper-multihead-2026-12-01g.csv"
+
+
+@block("flashattn.hopper-multihead-7")
+def hopper_multihead_7() -> str:
+    """Run 7 (23:50 UTC): the public path (seven-product Gluon backward) beside the five-product Gluon
+    backward (``gluon5``: the same forward), cuDNN and the portable kernels."""
+    d = pd.read_csv(ROOT / HOPPER_MULTIHEAD_7)
+    rows = []
+    for _, r in d.iterrows():
+        first = r["pass"] == "fwd"
+        shape = f"{r['batch']}, {r['heads']}/{r['kv_heads']}, {r['seq']}, {r['head_dim']}" if first else ""
+        rows.append([shape, ("yes" if r["causal"] else "no") if first else "", r["pass"],
+                     num(r["sdpa_cudnn TFLOP/s"], 0), num(r["portable TFLOP/s"], 0),
+                     num(r["ours TFLOP/s"], 0), num(r["gluon5 TFLOP/s"], 0), f"{r['sdpa_cudnn/ours']:.2f}",
+                     f"{r['sdpa_cudnn ms'] / r['gluon5 ms']:.2f}"])  # fmt: skip
+    cols = ["shape (B, Hq/Hkv, S, d)", "causal", "pass", "cuDNN", "portable", "public", "gluon5",
+            "public / cuDNN", "gluon5 / cuDNN"]  # fmt: skip
+    return table(cols, rows, [False] * 3 + [True] * 6)
+
+
+GLUON_BACKWARD5 = "docs/data/flashattn-gluon-bwd5-2026-12-01-"
+GLUON_BACKWARD5_STEPS = [  # (run file, hopper_bench step, what it is)
+    ("run2-bench.csv", "gbwd-default", "seven-product Gluon backward (the public path's), run 2"),
+    ("run2-bench.csv", "g5-stage-at-once", "five products: dQ part staged as soon as it is done, run 2"),
+    ("run1-bench.csv", "g5-stages-2", "same, two Q/dO slots instead of three, run 1"),
+    ("run2-bench.csv", "g5-defer-stage", "staged after the next step's S is issued (the default), run 2"),
+    ("run3-diag-kept.csv", "g5-default", "the default again, run 3"),
+    ("run3-diag-no-turns.csv", "g5-default", "timing only: no waiting for turns (races), run 3"),
+    ("run3-diag-no-adds.csv", "g5-default", "timing only: no turns and no additions (dQ lost), run 3"),
+    ("run3-diag-kept.csv", "sdpa-cudnn", "SDPA cuDNN, run 3"),
+]
+
+
+@block("flashattn.gluon-backward5")
+def gluon_backward5() -> str:
+    """``python -m flashattn.hopper_bench --gluon-bwd5-steps ...`` (runs 1-3, 23:30-23:50 UTC): backward ms
+    and TFLOP/s per step at (1, 32, S, 128) bf16. Run 1's and 2's ``g5-default`` was the stage-at-once
+    schedule, named ``g5-stage-at-once`` here; run 2's ``g5-defer-stage`` is today's default."""
+    renamed = {"run1-bench.csv": {"g5-default": "g5-stage-at-once"},
+               "run2-bench.csv": {"g5-default": "g5-stage-at-once"}}  # fmt: skip
+    shapes = [(8192, True), (8192, False), (32768, True), (32768, False)]
+    rows = []
+    for name, step, what in GLUON_BACKWARD5_STEPS:
+        d = pd.read_csv(ROOT / (GLUON_BACKWARD5 + name)).replace({"step": renamed.get(name, {})})
+        d = d[(d.step == step) & (d["pass"] == "bwd")]
+        cells = []
+        for seq, causal in shapes:
+            hit = d[(d.seq == seq) & (d.causal == causal)]
+            cells.append(f"{num(hit.ms.iloc[0], 2)} ({num(hit.tflops.iloc[0], 0)})")
+        rows.append([what, *cells])
+    return table(["step", "8k causal", "8k full", "32k causal", "32k full"], rows, [False] + [True] * 4)
+
+
 GLUON_BACKWARD = "docs/data/flashattn-gluon-bwd-2026-12-01d.csv"
 GLUON_BACKWARD_STEPS = {  # hopper_bench step -> what it is
     "portable": "portable backward (Triton language, seven products)",

@@ -10,10 +10,11 @@ Launchers: :func:`forward` and :func:`backward` (Triton-language kernels of :mod
 :mod:`flashattn.hopper_bwd`; they also run under ``TRITON_INTERPRET=1``, fp16 only, for the CPU tests, though
 :func:`unsupported_reason` sends interpreted calls to the portable path), :func:`backward5` (five tile
 products, :mod:`flashattn.hopper_bwd5`), and the warp-specialised Gluon kernels, GPU only:
-:func:`gluon_forward` (:mod:`flashattn.gluon_fwd`) and :func:`gluon_backward` (:mod:`flashattn.gluon_dq`, then
-:mod:`flashattn.gluon_bwd`). Which of them the public names run is
-:func:`flashattn.dispatch.triton_kernels`'s choice. Deterministic: no atomics, every output element written by
-one program in a fixed order. One compiled kernel per (head dim, dtype, causal, tile config) serves every
+:func:`gluon_forward` (:mod:`flashattn.gluon_fwd`), :func:`gluon_backward` (:mod:`flashattn.gluon_dq`, then
+:mod:`flashattn.gluon_bwd`) and :func:`gluon_backward5` (five tile products, :mod:`flashattn.gluon_bwd5`).
+Which of them the public names run is :func:`flashattn.dispatch.triton_kernels`'s choice. Deterministic: no
+data is added atomically (only the five-product backwards' turn counters are), every output element is
+summed in a fixed order. One compiled kernel per (head dim, dtype, causal, tile config) serves every
 length and head count.
 """
 
