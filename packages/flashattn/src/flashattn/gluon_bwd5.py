@@ -48,6 +48,10 @@ from flashattn.gluon_bwd import (
 from flashattn.gluon_common import ring_barriers
 
 TURN_STRIDE = gl.constexpr(32)  # int32s between two query tiles' counters: one 128-byte line each
+# The staged dQ part's swizzle (and the accumulator descriptor's): 32-byte rows per copy box, so that the
+# four rows a half-warp's 8-byte stores cover fall in four different bank groups (with the default 128-byte
+# swizzle rows 2j and 2j + 1 share banks: two extra wavefronts a store, measured)
+STAGING_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=32, rank=4))
 
 
 @builtin
@@ -87,13 +91,11 @@ def _pass_turn(turn_ptr):
 def _staging(q_smem, do_smem, slot, half: gl.constexpr):
     """Half ``half`` of a step's ``dQ`` part (fp32 ``(1, 1, BLOCK_M, HEAD_DIM / 2)``) lives in the step's
     ring slot once its products are done: the ``Q`` buffer holds half 0, the ``dO`` buffer half 1 (the same
-    bytes: ``HEAD_DIM / 2`` fp32 against ``HEAD_DIM`` 16-bit values a row), in the accumulator descriptor's
-    default swizzle."""
+    bytes: ``HEAD_DIM / 2`` fp32 against ``HEAD_DIM`` 16-bit values a row), in :data:`STAGING_LAYOUT`."""
     buffer = q_smem.index(slot) if half == 0 else do_smem.index(slot)
     rows: gl.constexpr = q_smem.shape[3]
     cols: gl.constexpr = q_smem.shape[4] // 2
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], gl.float32)
-    return buffer._reinterpret(gl.float32, [1, 1, rows, cols], layout)
+    return buffer._reinterpret(gl.float32, [1, 1, rows, cols], STAGING_LAYOUT)
 
 
 @gluon.jit

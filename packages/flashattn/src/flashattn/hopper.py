@@ -427,16 +427,16 @@ def gluon_dkdv_pass(
 
 def dq_accumulator(q: Tensor, rows: int) -> tuple[Tensor, object]:
     """A zeroed fp32 dQ accumulator of ``q (B, H, Sq, d)``, rows padded to whole ``rows``-row tiles, and its
-    Gluon TMA descriptor with ``(1, 1, rows, d / 2)`` blocks (one consumer warpgroup's half)."""
-    from triton.experimental.gluon import language as gl
+    Gluon TMA descriptor with ``(1, 1, rows, d / 2)`` blocks (one consumer warpgroup's half) in the staging
+    swizzle of :mod:`flashattn.gluon_bwd5`."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    from flashattn.gluon_bwd5 import STAGING_LAYOUT
 
     batch, heads, seq_q, head_dim = q.shape
     acc = torch.zeros((batch, heads, triton.cdiv(seq_q, rows) * rows, head_dim), dtype=torch.float32,
                       device=q.device)  # fmt: skip
-    block = [1, 1, rows, head_dim // 2]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
-    return acc, GluonDescriptor.from_tensor(acc, block, layout)
+    return acc, GluonDescriptor.from_tensor(acc, [1, 1, rows, head_dim // 2], STAGING_LAYOUT.value)
 
 
 def gluon_backward5(
