@@ -394,12 +394,14 @@ GLUON_BACKWARD5_STEPS = [  # (run file, hopper_bench step, what it is)
     ("run3-diag-no-turns.csv", "g5-default", "timing only: no waiting for turns (races), run 3"),
     ("run3-diag-no-adds.csv", "g5-default", "timing only: no turns and no additions (dQ lost), run 3"),
     ("run3-diag-kept.csv", "sdpa-cudnn", "SDPA cuDNN, run 3"),
+    ("run7-bench.csv", "g5-default", "the default staged in a 32-byte swizzle (not kept), run 7"),
+    ("run7-bench.csv", "sdpa-cudnn", "SDPA cuDNN, run 7"),
 ]
 
 
 @block("flashattn.gluon-backward5")
 def gluon_backward5() -> str:
-    """``python -m flashattn.hopper_bench --gluon-bwd5-steps ...`` (runs 1-3, 23:30-23:50 UTC): backward ms
+    """``python -m flashattn.hopper_bench --gluon-bwd5-steps ...`` (runs 1-3 and 7): backward ms
     and TFLOP/s per step at (1, 32, S, 128) bf16. Run 1's and 2's ``g5-default`` was the stage-at-once
     schedule, named ``g5-stage-at-once`` here; run 2's ``g5-defer-stage`` is today's default."""
     renamed = {"run1-bench.csv": {"g5-default": "g5-stage-at-once"},
