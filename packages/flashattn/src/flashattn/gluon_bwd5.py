@@ -50,7 +50,7 @@ from flashattn.gluon_common import ring_barriers
 TURN_STRIDE = gl.constexpr(32)  # int32s between two query tiles' counters: one 128-byte line each
 # The staged dQ part's swizzle (and the accumulator descriptor's). With 128-byte rows a half-warp's 8-byte
 # stores put rows 2j and 2j + 1 in the same banks (two extra wavefronts a store, measured); 32-byte rows
-# avoid that but need four times the copy boxes, and measured 3-6% slower (docs/flashattn.md)
+# avoid that but need four times the copy boxes, and measured 5-6% slower (docs/flashattn.md)
 STAGING_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=4))
 
 
