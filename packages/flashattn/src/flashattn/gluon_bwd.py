@@ -136,6 +136,40 @@ def _issue_grads(i, dk, dv, walk, ops, BLOCK_M: gl.constexpr, HEAD_DIM: gl.const
 
 
 @gluon.jit
+def consumer_state(
+    smem, q_ready, do_ready, where, LSE, DELTA, HALF: gl.constexpr, s_layout: gl.constexpr
+):  # fmt: skip
+    """``(n0, ops, walk, grads)`` of the warpgroup that owns key half ``HALF`` of a dK/dV program: its first
+    key, its ``P, dS`` buffers, and the tuples :func:`_issue_scores` and :func:`_stage_operands` take.
+    ``smem`` (K, V, Q, dO, P, dS) and ``where`` as :func:`_consumer` takes them; ``s_layout``: ``S``'s."""
+    b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, _ = where
+    k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem = smem
+    BLOCK: gl.constexpr = k_smem.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.shape[4]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    n0 = start_n + HALF * BLOCK
+    k_t = k_smem.index(HALF).reshape([BLOCK, HEAD_DIM]).permute((1, 0))
+    v_t = v_smem.index(HALF).reshape([BLOCK, HEAD_DIM]).permute((1, 0))
+    s_zero = gl.zeros([BLOCK_M, BLOCK], gl.float32, layout=s_layout)
+    walk = (k_t, v_t, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count)
+    grads = (LSE, DELTA, p_smem, ds_smem, 2 * HALF, n_heads, b, hk, group, n0, first_m, count, seq_q,
+             seq_k - seq_q, qk_scale)  # fmt: skip
+    return n0, (p_smem, ds_smem, 2 * HALF), walk, grads
+
+
+@gluon.jit
+def _store_grads(dk, dv, k_out, v_out, desc_dk, desc_dv, coord):
+    """Write fp32 ``dk, dv`` (``(BLOCK, HEAD_DIM)``, scaled) in the outputs' dtype through the shared-memory
+    tiles ``k_out, v_out`` (``(1, 1, BLOCK, HEAD_DIM)``, free to overwrite) to ``coord`` of both outputs."""
+    k_out.reshape([dk.shape[0], dk.shape[1]]).store(dk.to(desc_dk.dtype))
+    v_out.reshape([dv.shape[0], dv.shape[1]]).store(dv.to(desc_dv.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc_dk, coord, k_out)
+    tma.async_copy_shared_to_global(desc_dv, coord, v_out)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _consumer(
     part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
@@ -146,25 +180,17 @@ def _consumer(
     n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale)``."""
     out, smem, bars, where = part
     desc_dk, desc_dv, LSE, DELTA = out
-    b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale = where
-    k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem = smem
+    b, hk, _, group, _, _, count, _, _, _, sm_scale = where
+    k_smem, v_smem = smem[0], smem[1]
     kv_bar, q_ready, q_empty, do_ready, do_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK, 16])  # fmt: skip
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
-    dtype: gl.constexpr = desc_dk.dtype
 
-    n0 = start_n + HALF * BLOCK
-    ops = (p_smem, ds_smem, 2 * HALF)
+    n0, ops, walk, grads = consumer_state(smem, q_ready, do_ready, where, LSE, DELTA, HALF, s_layout)
     dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
-    k_t = k_smem.index(HALF).reshape([BLOCK, HEAD_DIM]).permute((1, 0))
-    v_t = v_smem.index(HALF).reshape([BLOCK, HEAD_DIM]).permute((1, 0))
-    s_zero = gl.zeros([BLOCK_M, BLOCK], gl.float32, layout=s_layout)
-    walk = (k_t, v_t, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count)
-    grads = (LSE, DELTA, p_smem, ds_smem, 2 * HALF, n_heads, b, hk, group, n0, first_m, count, seq_q,
-             seq_k - seq_q, qk_scale)  # fmt: skip
     n_steps = group * count
     mbarrier.wait(kv_bar, 0)
     if OVERLAP:  # step i's S and dP are issued before step i - 1's dV and dK products
@@ -192,14 +218,7 @@ def _consumer(
             mbarrier.arrive(q_empty.index(i % STAGES), count=1)
             mbarrier.arrive(do_empty.index(i % STAGES), count=1)
     # K and V of this half are read by this warpgroup only: their slots stage its outputs
-    k_out = k_smem.index(HALF)
-    v_out = v_smem.index(HALF)
-    k_out.reshape([BLOCK, HEAD_DIM]).store((dk * sm_scale).to(dtype))
-    v_out.reshape([BLOCK, HEAD_DIM]).store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(desc_dk, [b, hk, n0, 0], k_out)
-    tma.async_copy_shared_to_global(desc_dv, [b, hk, n0, 0], v_out)
-    tma.store_wait(0)
+    _store_grads(dk * sm_scale, dv, k_smem.index(HALF), v_smem.index(HALF), desc_dk, desc_dv, [b, hk, n0, 0])
 
 
 @gluon.jit
@@ -209,6 +228,44 @@ def _consumer_worker(
 ):  # fmt: skip
     """The second consumer warpgroup: the program's second ``BLOCK`` keys."""
     _consumer(part, 1, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, OVERLAP)
+
+
+@gluon.jit
+def key_program(seq_q, seq_k, n_heads, group, KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+                DESCENDING: gl.constexpr):  # fmt: skip
+    """``(tile, start_n, b, hk, first_m, count)`` of program ``program_id(0)``, which owns ``KEYS`` keys of
+    one (batch, K/V head): key tile ``tile`` of its head (ascending with the program id inside each head,
+    the most causal work first, or ``DESCENDING``), and the ``count`` query tiles from ``first_m`` on that
+    see any of its keys."""
+    n_tiles = gl.cdiv(seq_k, KEYS)
+    w = gl.program_id(0)
+    bhk = w // n_tiles
+    tile = n_tiles - 1 - w % n_tiles if DESCENDING else w % n_tiles
+    start_n = tile * KEYS
+    n_kv_heads = n_heads // group
+    if CAUSAL:  # noqa: SIM108 (query i sees key j iff i >= j - (seq_k - seq_q): earlier tiles see none)
+        first_m = gl.maximum(start_n - (seq_k - seq_q), 0) // BLOCK_M
+    else:
+        first_m = 0
+    return tile, start_n, bhk // n_kv_heads, bhk % n_kv_heads, first_m, gl.cdiv(seq_q, BLOCK_M) - first_m
+
+
+@gluon.jit
+def allocate_operands(desc_q, desc_k, desc_v, desc_do, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
+                      STAGES: gl.constexpr):  # fmt: skip
+    """Shared memory of a dK/dV program: both key halves' K, V; ``STAGES`` Q/dO slots; two ``P`` and two
+    ``dS`` buffers per warpgroup; and the K/V barrier (initialised)."""
+    HEAD_DIM: gl.constexpr = desc_k.block_type.shape[3]
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_v.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
+    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_do.layout)
+    op_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK], desc_q.dtype)
+    p_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)  # 2 per warpgroup
+    ds_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    return k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar
 
 
 @gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
@@ -222,29 +279,11 @@ def gluon_dkdv_kernel(
     each (batch, K/V head) the earliest keys (the most causal work) go first. All descriptors have
     ``(1, 1, BLOCK, HEAD_DIM)`` blocks but ``desc_q, desc_do``'s, which have ``(1, 1, BLOCK_M, HEAD_DIM)``."""
     gl.static_assert(BLOCK_M % 64 == 0, "BLOCK_M must be a multiple of 64: S has a warpgroup's 4 x 16 rows")
-    KEYS: gl.constexpr = 2 * BLOCK
-    n_tiles = gl.cdiv(seq_k, KEYS)
-    w = gl.program_id(0)
-    bhk = w // n_tiles
-    start_n = w % n_tiles * KEYS
-    n_kv_heads = n_heads // group
-    b = bhk // n_kv_heads
-    hk = bhk % n_kv_heads
-    if CAUSAL:  # noqa: SIM108 (query i sees key j iff i >= j - (seq_k - seq_q): earlier tiles see none)
-        first_m = gl.maximum(start_n - (seq_k - seq_q), 0) // BLOCK_M
-    else:
-        first_m = 0
-    count = gl.cdiv(seq_q, BLOCK_M) - first_m
-
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_v.layout)
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_do.layout)
-    op_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK], desc_q.dtype)
-    p_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)  # 2 per warpgroup
-    ds_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
+    _, start_n, b, hk, first_m, count = key_program(seq_q, seq_k, n_heads, group, 2 * BLOCK, BLOCK_M, CAUSAL,
+                                                    False)  # fmt: skip
+    k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar = allocate_operands(
+        desc_q, desc_k, desc_v, desc_do, BLOCK, BLOCK_M, STAGES
+    )
     q_ready, q_empty, do_ready, do_empty = ring_barriers(STAGES, 2)  # both consumers release each slot
 
     smem = (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem)

@@ -9,7 +9,10 @@ from the ``dS`` both warpgroups already stage in shared memory: warpgroup ``h`` 
 ``[h * HEAD_DIM / 2, (h + 1) * HEAD_DIM / 2)`` over both key halves (two products of ``BLOCK`` keys), so its
 accumulator is 32 fp32 registers a thread. It stages that part in shared memory for a fourth partition, one
 warp, that adds it into an fp32 accumulator in global memory with the copy engine (a TMA reduce-add in L2):
-it waits for the query tile's turn, adds, waits until the addition is complete and passes the turn on.
+it waits for the query tile's turn, adds, waits until the addition is complete and passes the turn on. The
+staging lives in the step's own Q/dO ring slot once the step's products are done (its 16-bit Q and dO
+tiles hold exactly the fp32 part's bytes); the adder, not the consumers, hands the slot back to the load
+warp, after the copy engine has read it.
 
 Turns: the additions into one query tile come in descending key-tile order (tile ``t`` goes after every
 tile ``> t`` that the query tile sees; the count of those is its turn), so every element of the accumulator
@@ -21,8 +24,8 @@ the accumulator into ``dQ`` afterwards.
 
 Synchronisation between the two consumers, per step parity ``j``: ``ds_ready[j]`` (both have stored their
 ``dS``: the ``dQ`` products may read both halves) and ``ds_free[j]`` (both ``dQ`` products of that step have
-completed: the ``dS`` buffers may be rewritten two steps later). The staging buffer has one slot:
-``dq_full`` (both halves stored) and ``dq_empty`` (the copy engine has read them).
+completed: the ``dS`` buffers, both K halves and the step's ring slot may be reused); per ring slot,
+``dq_full`` (both halves of the step's ``dQ`` part staged there).
 """
 
 from triton.experimental import gluon
@@ -43,7 +46,11 @@ from flashattn.gluon_bwd import (
     _issue_scores,
     _load_partition,
     _stage_operands,
+    _store_grads,
     _tile,
+    allocate_operands,
+    consumer_state,
+    key_program,
 )
 from flashattn.gluon_common import ring_barriers
 
@@ -159,12 +166,12 @@ def _consumer(
 ):  # fmt: skip
     """One warpgroup's ``BLOCK`` keys (half ``HALF``) over every query tile of the group, and head-dim half
     ``HALF`` of every step's ``dQ`` part. ``part = (out, smem, bars, where)`` as in
-    :func:`flashattn.gluon_bwd._consumer`, with the ``dQ`` staging buffer and the four barriers of the module
-    docstring at the ends of ``smem`` and ``bars``."""
+    :func:`flashattn.gluon_bwd._consumer`, but ``bars = (kv_bar, q_ready, do_ready, ds_ready, ds_free,
+    dq_full)`` (the slots are released by the adder)."""
     out, smem, bars, where = part
     desc_dk, desc_dv, LSE, DELTA = out
-    b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale = where
-    k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem = smem
+    b, hk, _, group, _, _, count, _, _, _, sm_scale = where
+    k_smem, v_smem, q_smem, do_smem, _, ds_smem = smem
     kv_bar, q_ready, do_ready, ds_ready, ds_free, dq_full = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK, 16])  # fmt: skip
@@ -172,19 +179,11 @@ def _consumer(
                                                         instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM // 2, 16])  # fmt: skip
-    dtype: gl.constexpr = desc_dk.dtype
 
-    n0 = start_n + HALF * BLOCK
-    ops = (p_smem, ds_smem, 2 * HALF)
+    n0, ops, walk, grads = consumer_state(smem, q_ready, do_ready, where, LSE, DELTA, HALF, s_layout)
     dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
     dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
-    k_t = k_smem.index(HALF).reshape([BLOCK, HEAD_DIM]).permute((1, 0))
-    v_t = v_smem.index(HALF).reshape([BLOCK, HEAD_DIM]).permute((1, 0))
-    s_zero = gl.zeros([BLOCK_M, BLOCK], gl.float32, layout=s_layout)
-    walk = (k_t, v_t, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count)
-    grads = (LSE, DELTA, p_smem, ds_smem, 2 * HALF, n_heads, b, hk, group, n0, first_m, count, seq_q,
-             seq_k - seq_q, qk_scale)  # fmt: skip
     n_steps = group * count
     mbarrier.wait(kv_bar, 0)
     s, dp = _issue_scores(0, walk, BLOCK_M, HEAD_DIM, STAGES)
@@ -222,14 +221,7 @@ def _consumer(
     mbarrier.arrive(ds_free.index((n_steps - 1) % 2), count=1)
     # after the wait in here both warpgroups' dQ products have also read both K halves: K may be rewritten
     _stage_dq(n_steps - 1, dq, q_smem, do_smem, ds_free, dq_full, HALF, STAGES)
-    k_out = k_smem.index(HALF)
-    v_out = v_smem.index(HALF)
-    k_out.reshape([BLOCK, HEAD_DIM]).store((dk * sm_scale).to(dtype))
-    v_out.reshape([BLOCK, HEAD_DIM]).store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(desc_dk, [b, hk, n0, 0], k_out)
-    tma.async_copy_shared_to_global(desc_dv, [b, hk, n0, 0], v_out)
-    tma.store_wait(0)
+    _store_grads(dk * sm_scale, dv, k_smem.index(HALF), v_smem.index(HALF), desc_dk, desc_dv, [b, hk, n0, 0])
 
 
 @gluon.jit
@@ -253,30 +245,12 @@ def gluon_dkdvdq_kernel(
     ``(1, 1, BLOCK_M, HEAD_DIM / 2)``). ``TURNS``: int32, ``TURN_STRIDE`` per (batch, query head, query tile),
     zeroed. Other arguments as :func:`flashattn.gluon_bwd.gluon_dkdv_kernel`'s."""
     gl.static_assert(BLOCK_M == 64, "BLOCK_M must be 64: S has a warpgroup's 4 x 16 rows, dQ one tile")
-    KEYS: gl.constexpr = 2 * BLOCK
-    n_tiles = gl.cdiv(seq_k, KEYS)
-    w = gl.program_id(0)
-    bhk = w // n_tiles
-    tile = n_tiles - 1 - w % n_tiles  # key tiles descending: a program waits only on lower ids
-    start_n = tile * KEYS
-    n_kv_heads = n_heads // group
-    b = bhk // n_kv_heads
-    hk = bhk % n_kv_heads
-    if CAUSAL:  # noqa: SIM108 (query i sees key j iff i >= j - (seq_k - seq_q): earlier tiles see none)
-        first_m = gl.maximum(start_n - (seq_k - seq_q), 0) // BLOCK_M
-    else:
-        first_m = 0
-    count = gl.cdiv(seq_q, BLOCK_M) - first_m
-
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, 1, 1, BLOCK, HEAD_DIM], desc_v.layout)
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
-    do_smem = gl.allocate_shared_memory(desc_do.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], desc_do.layout)
-    op_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK], desc_q.dtype)
-    p_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)  # 2 per warpgroup
-    ds_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_M, BLOCK], op_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
+    # key tiles descending: a program waits only on lower ids
+    tile, start_n, b, hk, first_m, count = key_program(seq_q, seq_k, n_heads, group, 2 * BLOCK, BLOCK_M,
+                                                       CAUSAL, True)  # fmt: skip
+    k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar = allocate_operands(
+        desc_q, desc_k, desc_v, desc_do, BLOCK, BLOCK_M, STAGES
+    )
     q_ready, q_empty, do_ready, do_empty = ring_barriers(STAGES, 1)  # the adder warp releases each slot
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
