@@ -57,6 +57,19 @@ def test_kernels_refuse_bad_input_by_name():
         hopper.backward(q, q, q, q, _t(1, 2, 9), q, False)
 
 
+@pytest.mark.parametrize("name", ["gluon_backward", "gluon_backward5"])
+def test_gluon_backwards_refuse_bad_input_and_other_devices_by_name(name):
+    """Checked before any allocation or launch: the input's fault first, then the device's."""
+    from flashattn import hopper
+
+    backward = getattr(hopper, name)
+    q = _t(1, 2, 9, 64)
+    with pytest.raises(ValueError, match="lse must be fp32"):
+        backward(q, q, q, q, _t(1, 2, 9), q, False)
+    with pytest.raises(ValueError, match="q is on cpu; the Hopper kernels need CUDA tensors"):
+        backward(q, q, q, q, _t(1, 2, 9, dtype=torch.float32), q, False)
+
+
 def test_interpreted_kernels_match_float64():
     env = {
         **os.environ,
