@@ -321,22 +321,25 @@ HOPPER_MULTIHEAD_5 = "docs/data/flashattn-hopper-multihead-2026-12-01e.csv"
 HOPPER_MULTIHEAD_6 = "docs/data/flashattn-hopper-multihead-2026-12-01f.csv"
 
 
-def multihead_rows(path: str) -> str:
-    """TFLOP/s per kernel set of one ``python -m flashattn.bench --only multihead`` CSV with every column,
-    and the public path's (``ours``) speed against cuDNN and the portable kernels."""
+def multihead_rows(path: str, kernels=("hopper", "gluon"), flash: bool = True, vs_cudnn=()) -> str:
+    """TFLOP/s per kernel set of one ``python -m flashattn.bench --only multihead`` CSV (cuDNN, SDPA flash if
+    ``flash``, the portable kernels, each of ``kernels``, the public path ``ours``), the public path's speed
+    against cuDNN and the portable kernels, and that of each of ``vs_cudnn`` against cuDNN."""
     d = pd.read_csv(ROOT / path)
     rows = []
     for _, r in d.iterrows():
         first = r["pass"] == "fwd"
         shape = f"{r['batch']}, {r['heads']}/{r['kv_heads']}, {r['seq']}, {r['head_dim']}" if first else ""
-        flash = r["ours TFLOP/s"] / r["sdpa_flash/ours"]  # same FLOPs: rates scale as inverse times
+        rates = [r["sdpa_cudnn TFLOP/s"]]
+        rates += [r["ours TFLOP/s"] / r["sdpa_flash/ours"]] if flash else []  # same FLOPs: inverse times
+        rates += [r[f"{n} TFLOP/s"] for n in ("portable", *kernels, "ours")]
+        ratios = [r["sdpa_cudnn/ours"], r["portable/ours"]]
+        ratios += [r["sdpa_cudnn ms"] / r[f"{n} ms"] for n in vs_cudnn]
         rows.append([shape, ("yes" if r["causal"] else "no") if first else "", r["pass"],
-                     num(r["sdpa_cudnn TFLOP/s"], 0), num(flash, 0), num(r["portable TFLOP/s"], 0),
-                     num(r["hopper TFLOP/s"], 0), num(r["gluon TFLOP/s"], 0), num(r["ours TFLOP/s"], 0),
-                     f"{r['sdpa_cudnn/ours']:.2f}", f"{r['portable/ours']:.2f}"])  # fmt: skip
-    cols = ["shape (B, Hq/Hkv, S, d)", "causal", "pass", "cuDNN", "flash", "portable", "hopper", "gluon",
-            "public", "public / cuDNN", "public / portable"]  # fmt: skip
-    return table(cols, rows, [False] * 3 + [True] * 8)
+                     *(num(x, 0) for x in rates), *(f"{x:.2f}" for x in ratios)])  # fmt: skip
+    cols = ["shape (B, Hq/Hkv, S, d)", "causal", "pass", "cuDNN", *(["flash"] if flash else []), "portable",
+            *kernels, "public", "public / cuDNN", "public / portable", *(f"{n} / cuDNN" for n in vs_cudnn)]
+    return table(cols, rows, [False] * 3 + [True] * (len(cols) - 3))
 
 
 @block("flashattn.hopper-multihead")
@@ -368,20 +371,9 @@ HOPPER_MULTIHEAD_7 = "docs/data/flashattn-hopper-multihead-2026-12-01g.csv"
 
 @block("flashattn.hopper-multihead-7")
 def hopper_multihead_7() -> str:
-    """Run 7 (23:50 UTC): the public path (seven-product Gluon backward) beside the five-product Gluon
+    """Run 7 (23:52 UTC): the public path (seven-product Gluon backward) beside the five-product Gluon
     backward (``gluon5``: the same forward), cuDNN and the portable kernels."""
-    d = pd.read_csv(ROOT / HOPPER_MULTIHEAD_7)
-    rows = []
-    for _, r in d.iterrows():
-        first = r["pass"] == "fwd"
-        shape = f"{r['batch']}, {r['heads']}/{r['kv_heads']}, {r['seq']}, {r['head_dim']}" if first else ""
-        rows.append([shape, ("yes" if r["causal"] else "no") if first else "", r["pass"],
-                     num(r["sdpa_cudnn TFLOP/s"], 0), num(r["portable TFLOP/s"], 0),
-                     num(r["ours TFLOP/s"], 0), num(r["gluon5 TFLOP/s"], 0), f"{r['sdpa_cudnn/ours']:.2f}",
-                     f"{r['sdpa_cudnn ms'] / r['gluon5 ms']:.2f}"])  # fmt: skip
-    cols = ["shape (B, Hq/Hkv, S, d)", "causal", "pass", "cuDNN", "portable", "public", "gluon5",
-            "public / cuDNN", "gluon5 / cuDNN"]  # fmt: skip
-    return table(cols, rows, [False] * 3 + [True] * 6)
+    return multihead_rows(HOPPER_MULTIHEAD_7, kernels=("gluon5",), flash=False, vs_cudnn=("gluon5",))
 
 
 GLUON_BACKWARD5 = "docs/data/flashattn-gluon-bwd5-2026-12-01-"

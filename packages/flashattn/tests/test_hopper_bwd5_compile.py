@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 import triton
-from flashattn import hopper
+from flashattn import hopper_tiles
 from flashattn.hopper_bwd5 import dkdvdq_kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -18,7 +18,7 @@ SHARED_LIMIT = 232448  # bytes one Hopper thread block may opt into
 
 
 def _compile(head_dim: int, causal: bool):
-    tile = hopper.configs_for(head_dim).dkdvdq
+    tile = hopper_tiles.configs_for(head_dim).dkdvdq
     t = torch.zeros(1, 1, 256, head_dim, dtype=torch.bfloat16)  # only the descriptors' types matter
     rows = {"q": tile.block_m, "k": tile.block_n, "v": tile.block_n, "do": tile.block_m, "dk": tile.block_n,
             "dv": tile.block_n}  # fmt: skip

@@ -103,7 +103,8 @@ def _float64_attention(q, k, v, causal):
 
 def _interpreted_errors() -> dict[str, dict[str, float]]:
     from flashattn import hopper
-    from flashattn.hopper import HopperConfigs, HopperTile
+    from flashattn.hopper_tiles import HopperConfigs, HopperTile
+    from flashattn.hopper_tiles import pinned_configs as pinned_tiles
 
     def err(x, gold):
         return relative_error(x, gold, floor=1e-2)
@@ -116,7 +117,7 @@ def _interpreted_errors() -> dict[str, dict[str, float]]:
         tiles = HopperConfigs(HopperTile(16, 16, 4, 1, persistent, persistent), HopperTile(16, 32, 4, 1),
                               HopperTile(32, 16, 4, 1, tile_major=persistent),
                               dkdvdq=HopperTile(16, 32, 4, 1))  # fmt: skip
-        with hopper.pinned_configs(tiles):
+        with pinned_tiles(tiles):
             o, lse = hopper.forward(q, k, v, causal)
             grads = hopper.backward(q, k, v, o, lse, do, causal)
             grads5 = hopper.backward5(q, k, v, o, lse, do, causal)
@@ -137,6 +138,7 @@ def _public_errors(tiles, gen) -> dict[str, float]:
     saved O and L."""
     from flashattn import hopper
     from flashattn.dispatch import pinned_kernels
+    from flashattn.hopper_tiles import pinned_configs as pinned_tiles
     from flashattn.triton_flash import FlashAttention2Triton, KernelConfigs, TileConfig, pinned_configs
 
     hopper.device_reason = lambda device: None
@@ -144,7 +146,7 @@ def _public_errors(tiles, gen) -> dict[str, float]:
     q, do = (torch.randn(2, 4, 29, 64, generator=gen).half() for _ in range(2))
     k, v = (torch.randn(2, 2, 45, 64, generator=gen).half() for _ in range(2))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    with hopper.pinned_configs(tiles), pinned_configs(portable):
+    with pinned_tiles(tiles), pinned_configs(portable):
         with pinned_kernels("hopper", "portable"):
             o = FlashAttention2Triton.apply(*leaves, True)
         o.backward(do)

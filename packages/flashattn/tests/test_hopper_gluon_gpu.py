@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 import torch
-from flashattn import hopper
+from flashattn import hopper, hopper_tiles
 from flashattn.dispatch import pinned_kernels
 from flashattn.gluon_compile import VARIANTS
 from flashattn.triton_flash import FlashAttention2Triton
@@ -20,8 +20,8 @@ def _variant(name: str, head_dim: int):
     """The Gluon tile of ``head_dim`` changed as variant ``name`` says, pinned for the ``with`` block."""
     if name == "default":
         return contextlib.nullcontext()
-    table = hopper.configs_for(head_dim)
-    return hopper.pinned_configs(table._replace(gluon=table.gluon._replace(**VARIANTS[name])))
+    table = hopper_tiles.configs_for(head_dim)
+    return hopper_tiles.pinned_configs(table._replace(gluon=table.gluon._replace(**VARIANTS[name])))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -5,9 +5,10 @@ at entry, stack frame and spill bytes (``ptxas -v`` of the PTX, for sm_90a), whe
 ``wgmma`` instructions for want of registers (its warning C7512), and the counts of ``wgmma``
 instructions and register moves (``setmaxnreg``) in the PTX: the checks that a kernel change keeps its matrix
 instructions and does not spill, before any GPU time is spent. Kernels: ``forward``
-(:mod:`flashattn.gluon_fwd`; variants :data:`VARIANTS` are changes to :class:`flashattn.hopper.GluonTile`,
-the ablation steps of ``flashattn.hopper_bench``), ``dq`` (:mod:`flashattn.gluon_dq`) and ``dkdv``
-(:mod:`flashattn.gluon_bwd`), each in the tile table's shape.
+(:mod:`flashattn.gluon_fwd`; variants :data:`VARIANTS` are changes to
+:class:`flashattn.hopper_tiles.GluonTile`, the ablation steps of ``flashattn.hopper_bench``), ``dq``
+(:mod:`flashattn.gluon_dq`), ``dkdv`` (:mod:`flashattn.gluon_bwd`) and ``dkdvdq`` (the five-product
+:mod:`flashattn.gluon_bwd5`), each in the tile table's shape.
 
 Usage: ``python -m flashattn.gluon_compile --kernels forward dq dkdv --head-dims 64 128 --variants default``
 """
@@ -38,7 +39,8 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool) -> tuple:
     """``(jit function, descriptors by argument name, scalar types, constexprs, maxnreg)`` of one kernel."""
     import torch
 
-    from flashattn.hopper import GluonTile, configs_for, gluon_descriptor
+    from flashattn.hopper import gluon_descriptor
+    from flashattn.hopper_tiles import GluonTile, configs_for
 
     configs = configs_for(head_dim)
     t = torch.zeros(1, 1, 256, head_dim, dtype=torch.bfloat16)  # only the descriptors' types matter

@@ -11,7 +11,7 @@ One row per (technique step, pass, causal, length): median milliseconds (``trito
 TFLOP/s (``4 B H Sq Sk d``, halved when causal, x2.5 for the backward; with ``--kernels``, also passes
 ``dq`` and ``dkdv``: each Gluon backward kernel alone, x1.5 and x2, for 3 and 4 tile products against the
 forward's 2), and ratios to SDPA's cuDNN backend and to the portable kernel measured in the same run. Each
-step pins one tile table through :func:`flashattn.hopper.pinned_configs`; ``err`` is the step's relative
+step pins one tile table through :func:`flashattn.hopper_tiles.pinned_configs`; ``err`` is the step's relative
 error against cuDNN's output (forward) or gradients (backward), a guard against timing a wrong kernel.
 Writes ``<out>.csv`` and ``<out>.md``.
 
@@ -112,11 +112,11 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
 
     from flashattn import hopper
     from flashattn.benchutil import sdpa
-    from flashattn.hopper import HopperConfigs, HopperTile
+    from flashattn.hopper_tiles import HopperConfigs, HopperTile, configs_for, pinned_configs
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     kv_heads = args.kv_heads or args.heads
-    default = hopper.configs_for(args.head_dim)
+    default = configs_for(args.head_dim)
     gen = torch.Generator(device="cuda").manual_seed(seq)
     d = args.head_dim
     shape_q, shape_k = (args.batch, args.heads, seq, d), (args.batch, kv_heads, seq, d)
@@ -157,12 +157,12 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
         (n, default._replace(forward=HopperTile(*t))) for n, t in FWD_STEPS.items() if n in args.fwd_steps
     ]
     for name, configs in steps:
-        with hopper.pinned_configs(configs):
+        with pinned_configs(configs):
             o, lse = hopper.forward(q, k, v, causal)
             record(name, "fwd", lambda: hopper.forward(q, k, v, causal), _rel_err(o, gold["o"]))
     for name in args.gluon_steps:
         gluon = default._replace(gluon=default.gluon._replace(**GLUON_VARIANTS[name]))
-        with hopper.pinned_configs(gluon):
+        with pinned_configs(gluon):
             o_gluon, _ = hopper.gluon_forward(q, k, v, causal)
             record(
                 f"gluon-{name}",
@@ -174,17 +174,17 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
     steps += [(n, HopperConfigs(default.forward, HopperTile(*kv), HopperTile(*dq)))
               for n, (kv, dq) in BWD_STEPS.items() if n in args.bwd_steps]  # fmt: skip
     for name, configs in steps:
-        with hopper.pinned_configs(configs):
+        with pinned_configs(configs):
             err = grads_err(hopper.backward(q, k, v, o, lse, do, causal))
             record(name, "bwd", lambda: hopper.backward(q, k, v, o, lse, do, causal), err)
     for name in args.bwd5_steps:
-        with hopper.pinned_configs(default._replace(dkdvdq=HopperTile(*BWD5_STEPS[name]))):
+        with pinned_configs(default._replace(dkdvdq=HopperTile(*BWD5_STEPS[name]))):
             err = grads_err(hopper.backward5(q, k, v, o, lse, do, causal))
             record(name, "bwd", lambda: hopper.backward5(q, k, v, o, lse, do, causal), err)
     for name in args.gluon_bwd_steps:
         dkdv, dq_tile = GLUON_BWD_STEPS[name]
         dq_tile = None if dq_tile is None else default.gluon_dq._replace(**dq_tile)
-        with hopper.pinned_configs(
+        with pinned_configs(
             default._replace(gluon_dkdv=default.gluon_dkdv._replace(**dkdv), gluon_dq=dq_tile)
         ):
             err = grads_err(hopper.gluon_backward(q, k, v, o, lse, do, causal))
@@ -198,7 +198,7 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
                 for pas, fn in passes.items():
                     record(f"gbwd-{name}", pas, fn)
     for name in args.gluon_bwd5_steps:
-        with hopper.pinned_configs(default._replace(gluon_dkdvdq=default.gluon_dkdvdq._replace(
+        with pinned_configs(default._replace(gluon_dkdvdq=default.gluon_dkdvdq._replace(
                 **GLUON_BWD5_STEPS[name]))):  # fmt: skip
             err = grads_err(hopper.gluon_backward5(q, k, v, o, lse, do, causal))
             record(f"g5-{name}", "bwd", lambda: hopper.gluon_backward5(q, k, v, o, lse, do, causal), err)
