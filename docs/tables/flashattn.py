@@ -391,6 +391,23 @@ GLUON_BACKWARD5_STEPS = [  # (run file, hopper_bench step, what it is)
 ]
 
 
+def backward_steps(prefix: str, steps, renamed: dict | None = None) -> str:
+    """Backward ms (TFLOP/s) of ``hopper_bench`` steps at (1, 32, S, 128): ``steps`` are (run file after
+    ``prefix``, step, what it is); ``renamed`` maps a file's step names to today's; ``-`` where a run lacks
+    the shape."""
+    shapes = [(8192, True), (8192, False), (32768, True), (32768, False)]
+    rows = []
+    for name, step, what in steps:
+        d = pd.read_csv(ROOT / (prefix + name)).replace({"step": (renamed or {}).get(name, {})})
+        d = d[(d.step == step) & (d["pass"] == "bwd")]
+        cells = []
+        for seq, causal in shapes:
+            hit = d[(d.seq == seq) & (d.causal == causal)]
+            cells.append(f"{num(hit.ms.iloc[0], 2)} ({num(hit.tflops.iloc[0], 0)})" if len(hit) else "-")
+        rows.append([what, *cells])
+    return table(["step", "8k causal", "8k full", "32k causal", "32k full"], rows, [False] + [True] * 4)
+
+
 @block("flashattn.gluon-backward5")
 def gluon_backward5() -> str:
     """``python -m flashattn.hopper_bench --gluon-bwd5-steps ...`` (runs 1-3 and 7): backward ms
@@ -398,17 +415,28 @@ def gluon_backward5() -> str:
     schedule, named ``g5-stage-at-once`` here; run 2's ``g5-defer-stage`` is today's default."""
     renamed = {"run1-bench.csv": {"g5-default": "g5-stage-at-once"},
                "run2-bench.csv": {"g5-default": "g5-stage-at-once"}}  # fmt: skip
-    shapes = [(8192, True), (8192, False), (32768, True), (32768, False)]
-    rows = []
-    for name, step, what in GLUON_BACKWARD5_STEPS:
-        d = pd.read_csv(ROOT / (GLUON_BACKWARD5 + name)).replace({"step": renamed.get(name, {})})
-        d = d[(d.step == step) & (d["pass"] == "bwd")]
-        cells = []
-        for seq, causal in shapes:
-            hit = d[(d.seq == seq) & (d.causal == causal)]
-            cells.append(f"{num(hit.ms.iloc[0], 2)} ({num(hit.tflops.iloc[0], 0)})")
-        rows.append([what, *cells])
-    return table(["step", "8k causal", "8k full", "32k causal", "32k full"], rows, [False] + [True] * 4)
+    return backward_steps(GLUON_BACKWARD5, GLUON_BACKWARD5_STEPS, renamed)
+
+
+REGISTER_ADDS = "docs/data/flashattn-gluon-bwd5-register-adds-2026-12-02-"
+REGISTER_ADDS_STEPS = [  # (run file, hopper_bench step, what it is)
+    ("run1.csv", "gbwd-default", "seven-product Gluon backward (the public path's), run 1"),
+    ("run1.csv", "g5-default", "five products, additions by the adder warp (the default), run 1"),
+    ("run1.csv", "g5-register-adds", "five products, additions from the consumers' registers, run 1"),
+    ("run1.csv", "sdpa-cudnn", "SDPA cuDNN, run 1"),
+    ("run2-full.csv", "g5-register-adds", "additions from registers again, run 2"),
+    ("run2-no-wait.csv", "g5-register-adds", "timing only: no waiting for turns (races), run 2"),
+    ("run2-no-wait-no-release.csv", "g5-register-adds", "timing only: no turns at all (races), run 2"),
+    ("run2-full.csv", "g5-default", "additions by the adder warp (the default), run 2"),
+    ("run2-full.csv", "sdpa-cudnn", "SDPA cuDNN, run 2"),
+]
+
+
+@block("flashattn.gluon-backward5-registers")
+def gluon_backward5_registers() -> str:
+    """Runs s7a and s7b (2026-12-02): the five-product kernel with its ``dQ`` parts reduced from the
+    consumers' registers (the variant's source is kept as a patch), against the adder-warp default."""
+    return backward_steps(REGISTER_ADDS, REGISTER_ADDS_STEPS)
 
 
 GLUON_BACKWARD = "docs/data/flashattn-gluon-bwd-2026-12-01d.csv"
