@@ -439,6 +439,26 @@ def gluon_backward5_registers() -> str:
     return backward_steps(REGISTER_ADDS, REGISTER_ADDS_STEPS)
 
 
+EARLY_Q = "docs/data/flashattn-gluon-bwd5-early-q-2026-12-02-"
+EARLY_Q_STEPS = [  # (run file, hopper_bench step, what it is), in the order they ran
+    ("new1.csv", "g5-default", "Q buffer released once its half is read, 1st"),
+    ("old1.csv", "g5-default", "both buffers released together (before), 1st"),
+    ("new2.csv", "g5-default", "Q buffer released once its half is read, 2nd"),
+    ("old2.csv", "g5-default", "both buffers released together (before), 2nd"),
+    ("new1.csv", "gbwd-default", "seven-product Gluon backward, 1st"),
+    ("new2.csv", "gbwd-default", "seven-product Gluon backward, 2nd"),
+    ("new1.csv", "sdpa-cudnn", "SDPA cuDNN, 1st"),
+    ("new2.csv", "sdpa-cudnn", "SDPA cuDNN, 2nd"),
+]
+
+
+@block("flashattn.gluon-backward5-early-q")
+def gluon_backward5_early_q() -> str:
+    """Run s7d (2026-12-02): the adder warp's early release of each slot's Q buffer against the kernel
+    before it, alternating, with the seven-product backward and cuDNN timed in the same calls."""
+    return backward_steps(EARLY_Q, EARLY_Q_STEPS)
+
+
 GLUON_BACKWARD = "docs/data/flashattn-gluon-bwd-2026-12-01d.csv"
 GLUON_BACKWARD_STEPS = {  # hopper_bench step -> what it is
     "portable": "portable backward (Triton language, seven products)",

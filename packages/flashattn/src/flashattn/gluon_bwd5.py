@@ -12,7 +12,7 @@ warp, that adds it into an fp32 accumulator in global memory with the copy engin
 it waits for the query tile's turn, adds, waits until the addition is complete and passes the turn on. The
 staging lives in the step's own Q/dO ring slot once the step's products are done (its 16-bit Q and dO
 tiles hold exactly the fp32 part's bytes); the adder, not the consumers, hands the slot back to the load
-warp, after the copy engine has read it.
+warp: its Q buffer as soon as the copy engine has read the half staged there, then its dO buffer.
 
 Turns: the additions into one query tile come in descending key-tile order (tile ``t`` goes after every
 tile ``> t`` that the query tile sees; the count of those is its turn), so every element of the accumulator
@@ -130,8 +130,10 @@ def _reduce_partition(
         for half in gl.static_range(2):
             _reduce_add(desc_acc, [b, h, m0, half * (HEAD_DIM // 2)],
                         _staging(q_smem, do_smem, slot, half))  # fmt: skip
-        tma.store_wait(0)  # the copy engine has read the staged part: the slot may be refilled
+        # one bulk group a half, read in order: the Q buffer (half 0) may be refilled before the dO buffer
+        tma.store_wait(1)
         mbarrier.arrive(q_empty.index(slot), count=1)
+        tma.store_wait(0)
         mbarrier.arrive(do_empty.index(slot), count=1)
         _pass_turn(turn_ptr)
 
