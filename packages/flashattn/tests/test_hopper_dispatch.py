@@ -47,10 +47,18 @@ def test_sm90_covered_calls_take_the_faster_sm90_kernels(sm90, dtype, head_dim):
     )
 
 
+@pytest.mark.parametrize("causal, window", [(True, (64, 0)), (False, (300, 20)), (True, (0, 5))])
+def test_sm90_windows_take_the_gluon_forward_and_portable_backward(sm90, causal, window):
+    q, kv = _t(1, 8, 1000, 128), _t(1, 2, 1025, 128)
+    choice = choose(q, kv, kv, causal, window)
+    assert (choice.forward, choice.backward) == ("gluon", "portable"), choice.reason
+    assert "windows" in choice.reason
+
+
 @pytest.mark.parametrize(
     "q, k, causal, window, varlen, expected",
     [
-        (_t(1, 4, 64, 128), _t(1, 4, 64, 128), True, (16, 0), False, "sliding windows"),
+        (_t(1, 4, 80, 128), _t(1, 4, 64, 128), False, (16, 0), False, "without keys"),
         (_t(1, 4, 64, 128), _t(1, 4, 64, 128), False, None, True, "packed documents"),
         (
             _t(1, 4, 64, 128, dtype=torch.float32),
@@ -63,7 +71,7 @@ def test_sm90_covered_calls_take_the_faster_sm90_kernels(sm90, dtype, head_dim):
         (_t(1, 4, 64, 96), _t(1, 4, 64, 96), False, None, False, "head dims"),
         (_t(1, 4, 64, 256), _t(1, 4, 64, 256), True, None, False, "head dims"),
     ],
-    ids=["window", "varlen", "fp32", "d96", "d256"],
+    ids=["window-without-keys", "varlen", "fp32", "d96", "d256"],
 )
 def test_uncovered_calls_take_portable_kernels(sm90, q, k, causal, window, varlen, expected):
     choice = choose(q, k, k, causal, window, varlen)
@@ -86,6 +94,8 @@ def test_pinned_kernels(sm90):
     with pinned_kernels("hopper", "hopper"):
         assert triton_kernels(q, q, q, False)[:2] == ("hopper", "hopper")
         assert triton_kernels(q, q, q, False, window=(3, 3))[:2] == ("portable", "portable")
+    with pinned_kernels("gluon", "gluon"):
+        assert triton_kernels(q, q, q, False, window=(3, 3))[:2] == ("gluon", "portable")
     with pinned_kernels("portable", "portable"):
         assert choose(q, q, q, True)[2:] == ("portable", "portable")
     assert triton_kernels(q, q, q, False)[:2] == (dispatch.HOPPER_FORWARD, dispatch.HOPPER_BACKWARD[128])

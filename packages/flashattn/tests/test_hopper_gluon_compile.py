@@ -17,6 +17,14 @@ def test_gluon_forward_compiles_for_sm90_without_spills(head_dim, variant, causa
     assert 0 < row["shared_bytes"] <= SHARED_LIMIT and row["registers"] > 0, row
 
 
+@pytest.mark.parametrize("head_dim, causal", [(128, True), (64, False)])
+def test_sliding_window_forward_compiles_for_sm90_without_spills(head_dim, causal):
+    row = compile_sm90(head_dim, {}, causal, window=True)
+    assert row["wgmma"] > 0 and row["setmaxnreg"] > 0, row
+    assert row["spill_bytes"] == 0 and row["stack_bytes"] == 0, row
+    assert 0 < row["shared_bytes"] <= SHARED_LIMIT, row
+
+
 BACKWARD_CASES = [("dq", 128, True), ("dkdv", 128, True), ("dkdv", 64, False)]
 
 

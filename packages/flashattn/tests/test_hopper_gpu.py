@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from attention_oracle import allowed, attention
 from flashattn import flash_attention, hopper, reference
 from flashattn.dispatch import HOPPER_BACKWARD, HOPPER_FORWARD, choose, pinned_kernels
 from flashattn.triton_flash import FlashAttention2Triton
@@ -208,7 +209,7 @@ def test_public_entry_point_repeats_bitwise(case):
 
 def test_public_layouts_and_fallbacks():
     """The attention layer's ``(B, S, H, d).transpose(1, 2)`` layout and 3-D inputs take the sm90 forward;
-    a window and fp32 take the portable kernels."""
+    a window the Gluon forward and the portable backward, fp32 the portable kernels."""
     gen = torch.Generator(device="cuda").manual_seed(6)
     q, k, v = (torch.randn(2, 300, 4, 128, device="cuda", generator=gen, dtype=torch.bfloat16).transpose(1, 2)
                for _ in range(3))  # fmt: skip
@@ -216,7 +217,7 @@ def test_public_layouts_and_fallbacks():
     torch.testing.assert_close(flash_attention(q, k, v, True), SM90_FORWARD(q, k, v, True)[0], atol=0, rtol=0)
     three_d = flash_attention(q[0], k[0], v[0], True)[None]
     assert torch.equal(three_d, flash_attention(q[:1], k[:1], v[:1], True))
-    assert choose(q, k, v, True, window=(64, 0)).forward == "portable"
+    assert choose(q, k, v, True, window=(64, 0))[2:] == ("gluon", "portable")
     assert choose(q.float(), k.float(), v.float(), True).forward == "portable"
 
 
@@ -235,3 +236,67 @@ def test_public_path_runs_the_pinned_backward(case, kernel):
     direct = BACKWARDS[PINNED_BACKWARDS[kernel]](q, k, v, ours[0], ours[1], do, case[-1])
     for name, a, b in zip(("dq", "dk", "dv"), ours[2:], direct, strict=True):
         assert torch.equal(a, b), name
+
+
+WINDOW_CASES = [  # batch, heads_q, heads_kv, seq_q, seq_k, head_dim, causal, window (left, right)
+    (1, 2, 2, 1, 1, 128, True, (0, 0)),
+    (1, 4, 2, 97, 97, 64, True, (30, 0)),  # narrower than a tile
+    (1, 4, 4, 1000, 1025, 128, False, (300, 200)),
+    (2, 4, 1, 4097, 4097, 128, True, (1000, 0)),
+    (1, 2, 2, 1025, 1025, 64, False, (0, 0)),  # the diagonal only: one key a query
+    (1, 2, 2, 3000, 3000, 128, False, (5000, 5000)),  # wider than the sequence
+    (1, 4, 4, 1100, 1000, 128, False, (50, 200)),  # more queries than keys, each still sees one
+    (1, 32, 8, 2000, 2000, 128, True, (511, 0)),
+]
+
+
+def _window_id(c):
+    return f"{_case_id(c[:7])}-w{c[7][0]}.{c[7][1]}"
+
+
+def _oracle(q, k, v, do, causal, window):
+    """``o, lse, dq, dk, dv`` of the independent oracle (explicit mask) in the inputs' dtype."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = attention(*leaves, causal, window)
+    o.backward(do)
+    group = q.shape[1] // k.shape[1]
+    scores = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = allowed(q.shape[2], k.shape[2], causal, window, q.device)
+    lse = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), -1)
+    return [o.detach(), lse.to(torch.float32 if q.dtype != torch.float64 else q.dtype),
+            *(t.grad for t in leaves)]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=_window_id)
+def test_sliding_window_gluon_forward_and_public_path(case, dtype):
+    """The Gluon forward with a window (the public path's forward; its backward stays portable, reading the
+    Gluon forward's ``L``): every output within twice plain attention's error against float64."""
+    *shape, causal, window = case
+    q, k, v, do = _inputs((*shape, causal), dtype, seed=sum(shape) + window[0])
+    choice = choose(q, k, v, causal, window)
+    assert (choice.forward, choice.backward) == ("gluon", "portable"), choice.reason
+    gold = _oracle(*(t.double() for t in (q, k, v, do)), causal, window)
+    plain = _oracle(q, k, v, do, causal, window)
+    _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
+    o, lse = hopper.gluon_forward(q, k, v, causal, window)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    public = flash_attention(*leaves, causal, window)
+    public.backward(do)
+    assert torch.equal(public, o), "the public path did not run the Gluon forward"
+    ours = [o, lse, *(t.grad for t in leaves)]
+    for name, x, p, g in zip(("o", "lse", "dq", "dk", "dv"), ours, plain, gold, strict=True):
+        assert x.shape == g.shape, name
+        assert torch.isfinite(x).all(), f"{name} has unwritten (NaN) or infinite elements"
+        err, plain_err = _rel_err(x, g), _rel_err(p, g)
+        assert err <= 2 * plain_err + 1e-4, f"{name}: error {err:.2e} vs plain {plain_err:.2e}"
+
+
+def test_sliding_window_forward_repeats_bitwise_and_refuses_keyless_queries():
+    q, k, v, _ = _inputs((1, 8, 2, 3000, 3000, 128, True), torch.bfloat16, seed=9)
+    first = hopper.gluon_forward(q, k, v, True, (700, 0))
+    _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
+    again = hopper.gluon_forward(q, k, v, True, (700, 0))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    with pytest.raises(ValueError, match="without keys"):
+        hopper.gluon_forward(q, k[:, :, :2000], v[:, :, :2000], False, (10, 5))

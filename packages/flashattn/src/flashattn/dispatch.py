@@ -5,9 +5,10 @@ tiled PyTorch version takes everything the input checks accept and ends the list
 there warns once per reason (it is orders of magnitude slower); CPU calls have no faster path and do not warn.
 
 The Triton path runs one of two kernel sets for each pass (:func:`triton_kernels`): the sm90 kernels of
-:mod:`flashattn.hopper` where they cover the call (H100/H200, bf16/fp16, head dims 64 and 128, no window, not
-packed), else the portable ones. Both read and write the same saved ``O`` and ``L``, so the backward is chosen
-on its own: :data:`HOPPER_FORWARD` and :data:`HOPPER_BACKWARD` name the kernels that measured fastest.
+:mod:`flashattn.hopper` where they cover the call (H100/H200, bf16/fp16, head dims 64 and 128, not packed;
+with a sliding window only the Gluon forward), else the portable ones. Both read and write the same saved
+``O`` and ``L``, so the backward is chosen on its own: :data:`HOPPER_FORWARD` and :data:`HOPPER_BACKWARD` name
+the kernels that measured fastest.
 """
 
 import warnings
@@ -69,17 +70,22 @@ def triton_kernels(
     (:data:`FORWARD_KERNELS`, :data:`BACKWARD_KERNELS`), and the reason in words."""
     from flashattn import hopper
 
-    if window is not None:
-        reason = "sliding windows are not covered"
-    elif varlen:
+    if varlen:
         reason = "packed documents are not covered"
     elif not all(isinstance(t, Tensor) and t.ndim >= 2 for t in (q, k, v)):
         reason = "q, k, v are not (..., seq, d) tensors"
     else:
         reason = hopper.unsupported_reason(as_4d(q), as_4d(k), as_4d(v), is_causal)
+        if reason is None and window is not None:
+            reason = hopper.window_reason(q.shape[-2], k.shape[-2], is_causal, window)
     if reason is not None:
         return "portable", "portable", f"portable forward and backward (hopper: {reason})"
-    if (pinned := _pin.value) is not None:
+    pinned = _pin.value
+    if window is not None:  # only the Gluon forward takes windows
+        forward = "gluon" if pinned is None or pinned[0] == "gluon" else "portable"
+        why = "pinned" if pinned is not None else "the sm90 path's only kernel with windows"
+        return forward, "portable", f"{forward} forward ({why}), portable backward (windows: sm90 forward)"
+    if pinned is not None:
         return *pinned, f"{pinned[0]} forward, {pinned[1]} backward (pinned)"
     head_dim = q.shape[-1]
     backward = HOPPER_BACKWARD[head_dim]

@@ -35,7 +35,7 @@ VARIANTS = {
 KERNELS = ("forward", "dq", "dkdv", "dkdvdq")
 
 
-def _launch(kernel: str, head_dim: int, changes: dict, causal: bool) -> tuple:
+def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: bool = False) -> tuple:
     """``(jit function, descriptors by argument name, scalar types, constexprs, maxnreg)`` of one kernel."""
     import torch
 
@@ -53,9 +53,10 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool) -> tuple:
         descs = {f"desc_{n}": gluon_descriptor(t, tile.block_n if n in "kv" else tile.block_m)
                  for n in "qkvo"}  # fmt: skip
         constants = {"HEAD_DIM": head_dim, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
-                     "STAGES": tile.stages, "CAUSAL": causal, "CONSUMERS": tile.consumers,
+                     "STAGES": tile.stages, "CAUSAL": causal, "WINDOW": window, "CONSUMERS": tile.consumers,
                      "OVERLAP": tile.overlap, "PINGPONG": tile.pingpong}  # fmt: skip
-        return gluon_fwd_kernel, descs, {"LSE": "*fp32"} | scalars, constants, tile.maxnreg()
+        scalars = {"LSE": "*fp32"} | scalars | {"left": "i32", "right": "i32"}
+        return gluon_fwd_kernel, descs, scalars, constants, tile.maxnreg()
     scalars = {"LSE": "*fp32", "DELTA": "*fp32"} | scalars | {"sm_scale": "fp32"}
     if kernel == "dq":
         from flashattn.gluon_dq import gluon_dq_kernel
@@ -84,15 +85,18 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool) -> tuple:
     return gluon_dkdvdq_kernel, descs, scalars | {"TURNS": "*i32"}, constants, maxnreg
 
 
-def compile_sm90(head_dim: int, changes: dict, causal: bool, kernel: str = "forward") -> dict:
-    """Compile one kernel (:data:`KERNELS`) with ``changes`` to its tile for sm90; return its report row."""
+def compile_sm90(
+    head_dim: int, changes: dict, causal: bool, kernel: str = "forward", window: bool = False
+) -> dict:
+    """Compile one kernel (:data:`KERNELS`) with ``changes`` to its tile for sm90 (``window``: the forward's
+    sliding-window kernel); return its report row."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    fn, descs, scalars, constants, maxnreg = _launch(kernel, head_dim, changes, causal)
+    fn, descs, scalars, constants, maxnreg = _launch(kernel, head_dim, changes, causal, window)
     signature = {name: mangle_type(d) for name, d in descs.items()} | scalars
     signature |= dict.fromkeys(constants, "constexpr")
     start = time.perf_counter()

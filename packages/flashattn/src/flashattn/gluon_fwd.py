@@ -39,8 +39,9 @@ def _load_partition(
     loads, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr
 ):
     """The producer: every consumer's query rows, then every K and V tile in order through the slots.
-    ``loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)``."""
-    desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv = loads
+    ``loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, lo, n_kv)``: key tiles ``lo ... lo +
+    n_kv - 1``, the ``j``-th of them in slot ``j % STAGES``."""
+    desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, lo, n_kv = loads
     q_smem, k_smem, v_smem = smem
     q_bar, k_ready, k_empty, v_ready, v_empty, _ = bars
     for half in gl.static_range(CONSUMERS):
@@ -54,12 +55,12 @@ def _load_partition(
         mbarrier.wait(k_empty.index(slot), free_phase)
         mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
         tma.async_copy_global_to_shared(
-            desc_k, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot)
+            desc_k, [b, hk, (lo + j) * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot)
         )
         mbarrier.wait(v_empty.index(slot), free_phase)
         mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
         tma.async_copy_global_to_shared(
-            desc_v, [b, hk, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot)
+            desc_v, [b, hk, (lo + j) * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot)
         )
 
 
@@ -83,22 +84,35 @@ def _pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _softmax_step(
-    s, row_max, row_sum, j, mask, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr
-):
-    """Online softmax of score tile ``j``: new row max and sum, the rescale factor, and ``P`` (fp32).
-    ``mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)``: tiles from ``mask_from`` on are masked.
-    The row max is taken on the unscaled scores and scaled once per row, so each score costs one FMA
-    (``s * qk_scale - max``) before its exponential instead of a multiply and a subtraction."""
-    mask_from, offs_m, seq_k, causal_shift, qk_scale = mask
-    if j >= mask_from:
+    s, row_max, row_sum, j, mask, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+    s_layout: gl.constexpr,
+):  # fmt: skip
+    """Online softmax of the ``j``-th score tile of the loop (key tile ``lo + j``): new row max and sum, the
+    rescale factor, and ``P`` (fp32). ``mask = (lo, mask_until, mask_from, offs_m, seq_k, lo_off, hi_off,
+    qk_scale)``: key tiles below
+    ``mask_until`` and from ``mask_from`` on are masked (query ``i`` sees key ``n`` iff ``n < seq_k``, ``n <=
+    i + hi_off`` if ``CAUSAL or WINDOW`` and ``n >= i + lo_off`` if ``WINDOW``). The row max is taken on the
+    unscaled scores and scaled once per row, so each score costs one FMA (``s * qk_scale - max``) before its
+    exponential instead of a multiply and a subtraction. With a window, a row may have seen no key yet
+    (max ``-inf``): it then subtracts 0, so its ``P`` and sum stay 0 instead of NaN."""
+    lo, mask_until, mask_from, offs_m, seq_k, lo_off, hi_off, qk_scale = mask
+    if WINDOW:
+        j = lo + j
+        masked = (j >= mask_from) or (j < mask_until)
+    else:  # lo is 0: the dense kernels' loop stays as it was
+        masked = j >= mask_from
+    if masked:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = offs_n[None, :] < seq_k
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_shift)
+        if CAUSAL or WINDOW:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None] + hi_off)
+        if WINDOW:
+            visible = visible & (offs_n[None, :] >= offs_m[:, None] + lo_off)
         s = gl.where(visible, s, -float("inf"))
     new_max = gl.maximum(row_max, gl.max(s, 1) * qk_scale)  # qk_scale > 0, so the max commutes with it
-    alpha = gl.exp2(row_max - new_max)
-    p = gl.exp2(s * qk_scale - new_max[:, None])
+    safe_max = gl.where(new_max == -float("inf"), 0.0, new_max) if WINDOW else new_max
+    alpha = gl.exp2(row_max - safe_max)
+    p = gl.exp2(s * qk_scale - safe_max[:, None])
     row_sum = row_sum * alpha + gl.sum(p, 1)
     return p, new_max, row_sum, alpha
 
@@ -106,8 +120,8 @@ def _softmax_step(
 @gluon.jit
 def _overlapped(
     q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-    p_layout: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr,
+    o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """The key loop with ``S_j = Q K_j^T`` issued before ``O += P_{j-1} V_{j-1}`` and the softmax of
     ``S_j`` computed while that product runs; ``n_kv + 1`` groups of products, each issued in turn."""
@@ -121,7 +135,9 @@ def _overlapped(
     _pass_turn(turn, HALF, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
-    p, row_max, row_sum, alpha = _softmax_step(s, row_max, row_sum, 0, mask, BLOCK_N, CAUSAL, s_layout)
+    p, row_max, row_sum, alpha = _softmax_step(
+        s, row_max, row_sum, 0, mask, BLOCK_N, CAUSAL, WINDOW, s_layout
+    )
     p = gl.convert_layout(p.to(q.dtype), p_layout)
     for j in range(1, n_kv):
         slot = j % STAGES
@@ -136,7 +152,7 @@ def _overlapped(
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # the scores are done; P V may still run
         mbarrier.arrive(k_empty.index(slot), count=1)
         p_next, row_max, row_sum, alpha = _softmax_step(
-            s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, s_layout
+            s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, WINDOW, s_layout
         )
         p_next = gl.convert_layout(p_next.to(q.dtype), p_layout)
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))  # P's registers are free after this
@@ -156,8 +172,8 @@ def _overlapped(
 @gluon.jit
 def _sequential(
     q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-    p_layout: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr,
+    o_layout: gl.constexpr, p_layout: gl.constexpr,
 ):  # fmt: skip
     """The key loop without overlap inside the warpgroup (the ablation's baseline): scores, softmax, P V."""
     k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, _ = ring
@@ -171,7 +187,9 @@ def _sequential(
         s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(k_empty.index(slot), count=1)
-        p, row_max, row_sum, alpha = _softmax_step(s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, s_layout)
+        p, row_max, row_sum, alpha = _softmax_step(
+            s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, WINDOW, s_layout
+        )
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = gl.convert_layout(p.to(q.dtype), p_layout)
         mbarrier.wait(v_ready.index(slot), phase)
@@ -184,15 +202,18 @@ def _sequential(
 @gluon.jit
 def _consumer(
     part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):  # fmt: skip
-    """One warpgroup's ``BLOCK_M`` query rows (part ``HALF`` of the program's tile) over all key tiles.
+    """One warpgroup's ``BLOCK_M`` query rows (part ``HALF`` of the program's tile) over the program's key
+    tiles.
 
     ``part = (out, smem, bars, where)`` with ``out = (desc_o, LSE, o_smem)`` and ``where = (b, bh, h, start_m,
-    n_kv, seq_q, seq_k, qk_scale)``."""
+    lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale)``: key tiles ``lo ... lo + n_kv - 1``; query ``i``
+    sees key ``n`` iff ``i + lo_off <= n`` (``WINDOW``) and ``n <= i + hi_off`` (``CAUSAL or WINDOW``)."""
     out, smem, bars, where = part
     desc_o, LSE, o_smem = out
-    b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale = where
+    b, bh, h, start_m, lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale = where
     q_smem, k_smem, v_smem = smem
     q_bar, k_ready, k_empty, v_ready, v_empty, turn = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -203,17 +224,18 @@ def _consumer(
 
     row0 = start_m + HALF * BLOCK_M
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    causal_shift = seq_k - seq_q
-    if CAUSAL:  # the first key tile that some row of this part cannot fully see
-        mask_from = gl.minimum((row0 + causal_shift + 1) // BLOCK_N, seq_k // BLOCK_N)
+    if CAUSAL or WINDOW:  # the first key tile that some row of this part cannot fully see
+        mask_from = gl.minimum((row0 + hi_off + 1) // BLOCK_N, seq_k // BLOCK_N)
     else:
         mask_from = seq_k // BLOCK_N
+    # with a window: the first key tile that every row of this part sees from its left edge on
+    mask_until = gl.cdiv(gl.maximum(row0 + BLOCK_M - 1 + lo_off, 0), BLOCK_N) if WINDOW else 0
     state = (
         gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout),
         gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout)),
         gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout)),
     )
-    mask = (mask_from, offs_m, seq_k, causal_shift, qk_scale)
+    mask = (lo, mask_until, mask_from, offs_m, seq_k, lo_off, hi_off, qk_scale)
     ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn)
     q = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_bar.index(HALF), 0)
@@ -229,6 +251,7 @@ def _consumer(
             HEAD_DIM,
             STAGES,
             CAUSAL,
+            WINDOW,
             s_layout,
             o_layout,
             p_layout,
@@ -247,6 +270,7 @@ def _consumer(
             HEAD_DIM,
             STAGES,
             CAUSAL,
+            WINDOW,
             s_layout,
             o_layout,
             p_layout,
@@ -265,36 +289,47 @@ def _consumer(
 @gluon.jit
 def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """The second consumer warpgroup: the program's second ``BLOCK_M`` query rows."""
-    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)
+    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG)
 
 
 @gluon.jit
 def _third_consumer(
     part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
     """The third consumer warpgroup (``CONSUMERS == 3``): the program's last ``BLOCK_M`` query rows."""
-    _consumer(part, 2, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, False)
+    _consumer(part, 2, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False)
 
 
-@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
+@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k", "left", "right"])
 def gluon_fwd_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE, n_heads, group, seq_q, seq_k, qk_scale,
+    desc_q, desc_k, desc_v, desc_o, LSE, n_heads, group, seq_q, seq_k, left, right, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """Program ``w``: ``CONSUMERS * BLOCK_M`` query rows (one consumer warpgroup each, 1 to 3), heaviest
     (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a warpgroup and
-    ``PINGPONG`` (two consumers, overlapped) makes the two take turns to issue their products."""
+    ``PINGPONG`` (two consumers, overlapped) makes the two take turns to issue their products. ``WINDOW``:
+    query ``i`` sees keys ``i + shift - left ... i + shift + right`` (``shift = seq_k - seq_q``, ``right >=
+    -shift``, so every query sees a key; ``right`` is 0 when ``CAUSAL``); the program walks only the key
+    tiles its rows see."""
     gl.static_assert(not PINGPONG or (CONSUMERS == 2 and OVERLAP), "PINGPONG needs two overlapped consumers")
     ROWS: gl.constexpr = CONSUMERS * BLOCK_M
     b, bh, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group)
-    if CAUSAL:
-        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + seq_k - seq_q), BLOCK_N)
+    lo_off = seq_k - seq_q - left
+    hi_off = seq_k - seq_q + right
+    if WINDOW:  # from the first row's first key to the last row's last
+        lo = gl.maximum(start_m + lo_off, 0) // BLOCK_N
+        n_kv = gl.minimum(gl.minimum(start_m + ROWS, seq_q) - 1 + hi_off, seq_k - 1) // BLOCK_N + 1 - lo
+    elif CAUSAL:
+        lo = 0
+        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + hi_off), BLOCK_N)
     else:
+        lo = 0
         n_kv = gl.cdiv(seq_k, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
@@ -312,16 +347,18 @@ def gluon_fwd_kernel(
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turn)
     # each consumer stages its output in its own query slot, free once its last Q K^T has completed (o has
     # q's dtype and block, so the same layout): the 32 KB at d 128 that let a third K/V slot fit
-    part = ((desc_o, LSE, q_smem), smem, bars, (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale))
-    loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, n_kv)
+    where = (b, bh, h, start_m, lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale)
+    part = ((desc_o, LSE, q_smem), smem, bars, where)
+    loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, lo, n_kv)
     # workers: the other consumers (4 warps each) and the loader (1 warp, 24 registers); the default partition
     # (the first consumer) gets the rest of maxnreg's budget: 240 with two consumers, 168 with three
     if CONSUMERS == 3:
         gl.warp_specialize(
             [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, False)),
-                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, False)),
-                (_third_consumer, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False)),
+                (_consumer_worker,
+                 (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False)),
+                (_third_consumer, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP)),
                 (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
             ],
             [4, 4, 1],
@@ -330,8 +367,9 @@ def gluon_fwd_kernel(
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
-                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG)),
+                (_consumer_worker,
+                 (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG)),
                 (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
             ],
             [4, 1],
@@ -340,7 +378,7 @@ def gluon_fwd_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, False)),
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False)),
                 (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
             ],
             [1],

@@ -30,6 +30,7 @@ from flashattn.hopper_bwd import dkdv_kernel, dq_kernel
 from flashattn.hopper_bwd5 import TURN_STRIDE, delta_kernel, dkdvdq_kernel
 from flashattn.hopper_fwd import fwd_kernel
 from flashattn.hopper_tiles import GluonTile, HopperTile, configs_for
+from flashattn.inputs import Window, check_window, right_bound
 from flashattn.interpret import check_interpreted
 
 LOG2E = math.log2(math.e)
@@ -166,13 +167,26 @@ def gluon_descriptor(t: Tensor, rows: int):
     return GluonDescriptor.from_tensor(t, [1, 1, rows, head_dim], _gluon_layout(rows, head_dim, t.dtype))
 
 
-def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
+def window_reason(seq_q: int, seq_k: int, is_causal: bool, window: Window) -> str | None:
+    """Why the Gluon forward cannot take ``window`` (checked by :func:`flashattn.inputs.check_window`) for
+    these lengths, or None: it needs every query to see a key."""
+    right = right_bound(is_causal, window)
+    if window is not None and seq_k - seq_q + right < 0:
+        return f"window {window} leaves the first {seq_q - seq_k - right} queries without keys"
+    return None
+
+
+def gluon_forward(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, window: Window = None
+) -> tuple[Tensor, Tensor]:
     """:func:`forward` by the warp-specialised Gluon kernel of :mod:`flashattn.gluon_fwd` (sm90 GPUs only):
-    ``o`` ``(B, H, Sq, d)`` and fp32 ``lse`` ``(B, H, Sq)``, natural log."""
+    ``o`` ``(B, H, Sq, d)`` and fp32 ``lse`` ``(B, H, Sq)``, natural log. ``window=(left, right)`` as
+    :func:`flashattn.flash_attention` takes it, where every query sees a key (:func:`window_reason`)."""
     from flashattn.gluon_fwd import gluon_fwd_kernel
 
+    window = check_window(window)
     _check_shapes(q, k, v, is_causal)
-    reason = device_reason(q.device)
+    reason = device_reason(q.device) or window_reason(q.shape[2], k.shape[2], is_causal, window)
     if reason is not None:
         raise ValueError(reason)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
@@ -183,9 +197,10 @@ def gluon_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Ten
     gluon_fwd_kernel[(triton.cdiv(seq_q, t.consumers * t.block_m) * batch * heads,)](
         gluon_descriptor(q, t.block_m), gluon_descriptor(k, t.block_n), gluon_descriptor(v, t.block_n),
         gluon_descriptor(o, t.block_m), lse, heads, heads // heads_k, seq_q, seq_k,
-        LOG2E / math.sqrt(head_dim),
+        window[0] if window else 0, right_bound(is_causal, window) or 0, LOG2E / math.sqrt(head_dim),
         HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.stages, CAUSAL=is_causal,
-        CONSUMERS=t.consumers, OVERLAP=t.overlap, PINGPONG=t.pingpong, num_warps=4, maxnreg=t.maxnreg(),
+        WINDOW=window is not None, CONSUMERS=t.consumers, OVERLAP=t.overlap, PINGPONG=t.pingpong, num_warps=4,
+        maxnreg=t.maxnreg(),
     )  # fmt: skip
     return o, lse
 

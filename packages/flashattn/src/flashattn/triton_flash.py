@@ -239,7 +239,7 @@ class FlashAttention2Triton(torch.autograd.Function):
         if forward_kernel == "hopper":
             o, lse = hopper.forward(q4, k4, v4, is_causal)
         elif forward_kernel == "gluon":
-            o, lse = hopper.gluon_forward(q4, k4, v4, is_causal)
+            o, lse = hopper.gluon_forward(q4, k4, v4, is_causal, window)
         else:
             o, lse = launch_forward(q4, k4, v4, is_causal, configs.forward, window)
         o, lse = o.reshape(q.shape), lse.reshape(q.shape[:-1])
