@@ -6,9 +6,9 @@ there warns once per reason (it is orders of magnitude slower); CPU calls have n
 
 The Triton path runs one of two kernel sets for each pass (:func:`triton_kernels`): the sm90 kernels of
 :mod:`flashattn.hopper` where they cover the call (H100/H200, bf16/fp16, head dims 64 and 128, not packed;
-with a sliding window only the Gluon forward), else the portable ones. Both read and write the same saved
-``O`` and ``L``, so the backward is chosen on its own: :data:`HOPPER_FORWARD` and :data:`HOPPER_BACKWARD` name
-the kernels that measured fastest.
+with a sliding window the Gluon forward, and the Gluon backward when pinned), else the portable ones. Both
+read and write the same saved ``O`` and ``L``, so the backward is chosen on its own: :data:`HOPPER_FORWARD`
+and :data:`HOPPER_BACKWARD` name the kernels that measured fastest.
 """
 
 import warnings
@@ -37,6 +37,8 @@ HOPPER_BACKWARD_WHY = {
     128: "at (1, 32, 8192, 128) causal the Gluon backward ran 1.34x faster than the portable one, which"
     " tied with the Triton-language Hopper ones",
 }
+WINDOW_WHY = ("windows: the Gluon forward ran 1.43-1.55x the portable one at d 128; the windowed Gluon"
+              " backward is correct but not yet timed, so only pinned")  # fmt: skip
 _pin: Pin[tuple[str, str]] = Pin()
 
 
@@ -81,10 +83,13 @@ def triton_kernels(
     if reason is not None:
         return "portable", "portable", f"portable forward and backward (hopper: {reason})"
     pinned = _pin.value
-    if window is not None:  # only the Gluon forward takes windows
-        forward = "gluon" if pinned is None or pinned[0] == "gluon" else "portable"
-        why = "pinned" if pinned is not None else "the sm90 path's only kernel with windows"
-        return forward, "portable", f"{forward} forward ({why}), portable backward (windows: sm90 forward)"
+    if window is not None:  # only the Gluon kernels take windows; their backward is not yet timed
+        if pinned is None:
+            forward, backward, why = "gluon", "portable", WINDOW_WHY
+        else:  # a pinned kernel other than the Gluon ones runs portable
+            forward, backward = (name if name == "gluon" else "portable" for name in pinned)
+            why = "pinned"
+        return forward, backward, f"{forward} forward, {backward} backward ({why})"
     if pinned is not None:
         return *pinned, f"{pinned[0]} forward, {pinned[1]} backward (pinned)"
     head_dim = q.shape[-1]

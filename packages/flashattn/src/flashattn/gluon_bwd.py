@@ -93,16 +93,16 @@ def _issue_scores(i, walk, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES
 @gluon.jit
 def _stage_operands(
     i, s, dp, where, LATER: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
-    s_layout: gl.constexpr,
+    WINDOW: gl.constexpr, s_layout: gl.constexpr,
 ):  # fmt: skip
     """Once step ``i``'s two products have completed (``LATER``: how many issued after them may still run),
     write its ``P`` and ``dS`` into buffer ``buf + i % 2`` of ``p_smem, ds_smem`` for the ``dV, dK``
     products. ``where = (LSE, DELTA, p_smem, ds_smem, buf, n_heads, b, hk, group, n0, first_m, count, seq_q,
-    causal_shift, qk_scale)``. Tiles are masked only where they cross the causal diagonal (query ``i`` sees
-    key ``j`` iff ``j <= i + causal_shift``); queries past ``seq_q`` are zero rows of ``Q`` and ``dO`` and add
-    nothing."""
-    (LSE, DELTA, p_smem, ds_smem, buf, n_heads, b, hk, group, n0, first_m, count, seq_q, causal_shift,
-     qk_scale) = where  # fmt: skip
+    hi_off, qk_scale, lo_off)``. Tiles are masked only where they cross an edge of what queries see (query
+    ``i`` sees key ``j`` iff ``j <= i + hi_off`` if ``CAUSAL or WINDOW``, and ``j >= i + lo_off`` if
+    ``WINDOW``); queries past ``seq_q`` are zero rows of ``Q`` and ``dO`` and add nothing."""
+    (LSE, DELTA, p_smem, ds_smem, buf, n_heads, b, hk, group, n0, first_m, count, seq_q, hi_off,
+     qk_scale, lo_off) = where  # fmt: skip
     _, _, g, m0 = _tile(i, first_m, count, BLOCK_M, 1)
     row_base = (b * n_heads + hk * group + g).to(gl.int64) * seq_q
     offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -110,10 +110,16 @@ def _stage_operands(
     delta = gl.load(DELTA + row_base + offs_m, mask=offs_m < seq_q, other=0.0)
     s = warpgroup_mma_wait(num_outstanding=LATER + 1, deps=(s,))
     p = gl.exp2(s * qk_scale - lse2[:, None])
-    if CAUSAL:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if m0 + causal_shift < n0 + BLOCK - 1:
+    if WINDOW:
+        if (m0 + hi_off < n0 + BLOCK - 1) or (m0 + BLOCK_M - 1 + lo_off > n0):
             offs_n = n0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
-            p = gl.where(offs_n[None, :] <= offs_m[:, None] + causal_shift, p, 0.0)
+            rel = offs_n[None, :] - offs_m[:, None]
+            seen = (rel <= hi_off) & (rel >= lo_off)
+            p = gl.where(seen, p, 0.0)
+    elif CAUSAL:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if m0 + hi_off < n0 + BLOCK - 1:
+            offs_n = n0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
+            p = gl.where(offs_n[None, :] <= offs_m[:, None] + hi_off, p, 0.0)
     p_smem.index(buf + i % 2).store(p.to(p_smem.dtype))
     dp = warpgroup_mma_wait(num_outstanding=LATER, deps=(dp,))
     ds_smem.index(buf + i % 2).store((p * (dp - delta[:, None])).to(ds_smem.dtype))
@@ -142,7 +148,7 @@ def consumer_state(
     """``(n0, ops, walk, grads)`` of the warpgroup that owns key half ``HALF`` of a dK/dV program: its first
     key, its ``P, dS`` buffers, and the tuples :func:`_issue_scores` and :func:`_stage_operands` take.
     ``smem`` (K, V, Q, dO, P, dS) and ``where`` as :func:`_consumer` takes them; ``s_layout``: ``S``'s."""
-    b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, _ = where
+    b, hk, n_heads, group, start_n, first_m, count, seq_q, _, qk_scale, _, lo_off, hi_off = where
     k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem = smem
     BLOCK: gl.constexpr = k_smem.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[4]
@@ -153,7 +159,7 @@ def consumer_state(
     s_zero = gl.zeros([BLOCK_M, BLOCK], gl.float32, layout=s_layout)
     walk = (k_t, v_t, q_smem, do_smem, q_ready, do_ready, s_zero, first_m, count)
     grads = (LSE, DELTA, p_smem, ds_smem, 2 * HALF, n_heads, b, hk, group, n0, first_m, count, seq_q,
-             seq_k - seq_q, qk_scale)  # fmt: skip
+             hi_off, qk_scale, lo_off)  # fmt: skip
     return n0, (p_smem, ds_smem, 2 * HALF), walk, grads
 
 
@@ -170,36 +176,21 @@ def _store_grads(dk, dv, k_out, v_out, desc_dk, desc_dv, coord):
 
 
 @gluon.jit
-def _consumer(
-    part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+def _walk(
+    dk, dv, walk, ops, grads, bars, n_steps, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
+    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+    OVERLAP: gl.constexpr, s_layout: gl.constexpr,
 ):  # fmt: skip
-    """One warpgroup's ``BLOCK`` keys (half ``HALF`` of the program's) over every query tile of the group.
-
-    ``part = (out, smem, bars, where)`` with ``out = (desc_dk, desc_dv, LSE, DELTA)`` and ``where = (b, hk,
-    n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale)``."""
-    out, smem, bars, where = part
-    desc_dk, desc_dv, LSE, DELTA = out
-    b, hk, _, group, _, _, count, _, _, _, sm_scale = where
-    k_smem, v_smem = smem[0], smem[1]
-    kv_bar, q_ready, q_empty, do_ready, do_empty = bars
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK, 16])  # fmt: skip
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
-
-    n0, ops, walk, grads = consumer_state(smem, q_ready, do_ready, where, LSE, DELTA, HALF, s_layout)
-    dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
-    dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
-    n_steps = group * count
-    mbarrier.wait(kv_bar, 0)
+    """``dK, dV`` summed over the ``n_steps >= 1`` query tiles of the walk; every slot released after use.
+    ``bars = (q_empty, do_empty)``."""
+    q_empty, do_empty = bars
     if OVERLAP:  # step i's S and dP are issued before step i - 1's dV and dK products
         s, dp = _issue_scores(0, walk, BLOCK_M, HEAD_DIM, STAGES)
-        _stage_operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
+        _stage_operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, WINDOW, s_layout)
         for i in range(1, n_steps):
             s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
             dk, dv = _issue_grads(i - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
-            _stage_operands(i, s, dp, grads, 2, BLOCK, BLOCK_M, CAUSAL, s_layout)
+            _stage_operands(i, s, dp, grads, 2, BLOCK, BLOCK_M, CAUSAL, WINDOW, s_layout)
             dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
             prev = (i - 1) % STAGES
             mbarrier.arrive(q_empty.index(prev), count=1)
@@ -212,11 +203,45 @@ def _consumer(
     else:
         for i in range(n_steps):
             s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
-            _stage_operands(i, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
+            _stage_operands(i, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, WINDOW, s_layout)
             dk, dv = _issue_grads(i, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
             dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
             mbarrier.arrive(q_empty.index(i % STAGES), count=1)
             mbarrier.arrive(do_empty.index(i % STAGES), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(
+    part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup's ``BLOCK`` keys (half ``HALF`` of the program's) over every query tile of the group
+    that sees them (none: zero ``dK, dV``, possible only with a window).
+
+    ``part = (out, smem, bars, where)`` with ``out = (desc_dk, desc_dv, LSE, DELTA)`` and ``where = (b, hk,
+    n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale, lo_off, hi_off)``."""
+    out, smem, bars, where = part
+    desc_dk, desc_dv, LSE, DELTA = out
+    b, hk, _, group, _, _, count, _, _, _, sm_scale, _, _ = where
+    k_smem, v_smem = smem[0], smem[1]
+    kv_bar, q_ready, q_empty, do_ready, do_empty = bars
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK, 16])  # fmt: skip
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+
+    n0, ops, walk, grads = consumer_state(smem, q_ready, do_ready, where, LSE, DELTA, HALF, s_layout)
+    dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=acc_layout)
+    n_steps = group * count
+    mbarrier.wait(kv_bar, 0)  # also before K and V's slots stage the outputs
+    walked = (dk, dv, walk, ops, grads, (q_empty, do_empty), n_steps)
+    if WINDOW:  # a compile-time branch: the dense kernels need no test (and spill with it at d 128)
+        if n_steps > 0:  # a window can leave the keys without queries
+            dk, dv = _walk(*walked, BLOCK, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, WINDOW, OVERLAP, s_layout)
+    else:
+        dk, dv = _walk(*walked, BLOCK, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, WINDOW, OVERLAP, s_layout)
     # K and V of this half are read by this warpgroup only: their slots stage its outputs
     _store_grads(dk * sm_scale, dv, k_smem.index(HALF), v_smem.index(HALF), desc_dk, desc_dv, [b, hk, n0, 0])
 
@@ -224,30 +249,40 @@ def _consumer(
 @gluon.jit
 def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
     """The second consumer warpgroup: the program's second ``BLOCK`` keys."""
-    _consumer(part, 1, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, OVERLAP)
+    _consumer(part, 1, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW, OVERLAP)
 
 
 @gluon.jit
-def key_program(seq_q, seq_k, n_heads, group, KEYS: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
-                DESCENDING: gl.constexpr):  # fmt: skip
+def key_program(
+    seq_q, seq_k, n_heads, group, lo_off, hi_off, KEYS: gl.constexpr, BLOCK_M: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DESCENDING: gl.constexpr,
+):  # fmt: skip
     """``(tile, start_n, b, hk, first_m, count)`` of program ``program_id(0)``, which owns ``KEYS`` keys of
     one (batch, K/V head): key tile ``tile`` of its head (ascending with the program id inside each head,
     the most causal work first, or ``DESCENDING``), and the ``count`` query tiles from ``first_m`` on that
-    see any of its keys."""
+    see any of its keys (query ``i`` sees key ``j`` iff ``j <= i + hi_off`` if ``CAUSAL or WINDOW``, and
+    ``j >= i + lo_off`` if ``WINDOW``; a window can leave ``count`` at 0)."""
     n_tiles = gl.cdiv(seq_k, KEYS)
     w = gl.program_id(0)
     bhk = w // n_tiles
     tile = n_tiles - 1 - w % n_tiles if DESCENDING else w % n_tiles
     start_n = tile * KEYS
     n_kv_heads = n_heads // group
-    if CAUSAL:  # noqa: SIM108 (query i sees key j iff i >= j - (seq_k - seq_q): earlier tiles see none)
-        first_m = gl.maximum(start_n - (seq_k - seq_q), 0) // BLOCK_M
+    if WINDOW:  # the queries from the first key's first to the last key's last
+        first_row = gl.maximum(start_n - hi_off, 0)
+        last_row = gl.minimum(gl.minimum(start_n + KEYS, seq_k) - 1 - lo_off, seq_q - 1)
+        first_m = first_row // BLOCK_M
+        count = gl.where(last_row >= first_row, last_row // BLOCK_M + 1 - first_m, 0)
     else:
-        first_m = 0
-    return tile, start_n, bhk // n_kv_heads, bhk % n_kv_heads, first_m, gl.cdiv(seq_q, BLOCK_M) - first_m
+        if CAUSAL:  # noqa: SIM108 (earlier query tiles see none of the keys)
+            first_m = gl.maximum(start_n - hi_off, 0) // BLOCK_M
+        else:
+            first_m = 0
+        count = gl.cdiv(seq_q, BLOCK_M) - first_m
+    return tile, start_n, bhk // n_kv_heads, bhk % n_kv_heads, first_m, count
 
 
 @gluon.jit
@@ -268,19 +303,23 @@ def allocate_operands(desc_q, desc_k, desc_v, desc_do, BLOCK: gl.constexpr, BLOC
     return k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar
 
 
-@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
+@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k", "left", "right"])
 def gluon_dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, n_heads, group, seq_q, seq_k,
-    qk_scale, sm_scale,
+    left, right, qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
     """Program ``w``: ``dK, dV`` of ``2 * BLOCK`` keys of one K/V head over its ``group`` query heads; within
     each (batch, K/V head) the earliest keys (the most causal work) go first. All descriptors have
-    ``(1, 1, BLOCK, HEAD_DIM)`` blocks but ``desc_q, desc_do``'s, which have ``(1, 1, BLOCK_M, HEAD_DIM)``."""
+    ``(1, 1, BLOCK, HEAD_DIM)`` blocks but ``desc_q, desc_do``'s, which have ``(1, 1, BLOCK_M, HEAD_DIM)``.
+    ``WINDOW``: query ``i`` sees keys ``i + shift - left ... i + shift + right`` (``shift = seq_k - seq_q``;
+    ``right`` is 0 when ``CAUSAL``)."""
     gl.static_assert(BLOCK_M % 64 == 0, "BLOCK_M must be a multiple of 64: S has a warpgroup's 4 x 16 rows")
-    _, start_n, b, hk, first_m, count = key_program(seq_q, seq_k, n_heads, group, 2 * BLOCK, BLOCK_M, CAUSAL,
-                                                    False)  # fmt: skip
+    lo_off = seq_k - seq_q - left
+    hi_off = seq_k - seq_q + right
+    _, start_n, b, hk, first_m, count = key_program(seq_q, seq_k, n_heads, group, lo_off, hi_off, 2 * BLOCK,
+                                                    BLOCK_M, CAUSAL, WINDOW, False)  # fmt: skip
     k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar = allocate_operands(
         desc_q, desc_k, desc_v, desc_do, BLOCK, BLOCK_M, STAGES
     )
@@ -288,13 +327,13 @@ def gluon_dkdv_kernel(
 
     smem = (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem)
     bars = (kv_bar, q_ready, q_empty, do_ready, do_empty)
-    where = (b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale)
+    where = (b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale, lo_off, hi_off)
     part = ((desc_dk, desc_dv, LSE, DELTA), smem, bars, where)
     loads = (desc_q, desc_k, desc_v, desc_do, smem, bars, b, hk, group, start_n, first_m, count)
     gl.warp_specialize(
         [
-            (_consumer, (part, 0, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, OVERLAP)),
-            (_consumer_worker, (part, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, OVERLAP)),
+            (_consumer, (part, 0, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW, OVERLAP)),
+            (_consumer_worker, (part, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW, OVERLAP)),
             (_load_partition, (loads, BLOCK, BLOCK_M, STAGES)),
         ],
         [4, 1],

@@ -172,7 +172,7 @@ def _consumer(
     dq_full)`` (the slots are released by the adder)."""
     out, smem, bars, where = part
     desc_dk, desc_dv, LSE, DELTA = out
-    b, hk, _, group, _, _, count, _, _, _, sm_scale = where
+    b, hk, _, group, _, _, count, _, _, _, sm_scale, _, _ = where
     k_smem, v_smem, q_smem, do_smem, _, ds_smem = smem
     kv_bar, q_ready, do_ready, ds_ready, ds_free, dq_full = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -189,7 +189,7 @@ def _consumer(
     n_steps = group * count
     mbarrier.wait(kv_bar, 0)
     s, dp = _issue_scores(0, walk, BLOCK_M, HEAD_DIM, STAGES)
-    _stage_operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, s_layout)
+    _stage_operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, False, s_layout)
     mbarrier.arrive(ds_ready.index(0), count=1)
     dq = dq_zero
     for i in range(1, n_steps):  # step i's S and dP, then step i - 1's dV, dK and dQ products
@@ -204,7 +204,7 @@ def _consumer(
             mbarrier.wait(ds_ready.index((i - 1) % 2), ((i - 1) // 2) & 1)
             dq = _issue_dq(i - 1, k_smem, ds_smem, dq_zero, HALF, BLOCK, HEAD_DIM)
         mbarrier.wait(ds_free.index(i % 2), ((i // 2) & 1) ^ 1)  # both dQ products of step i - 2 are done
-        _stage_operands(i, s, dp, grads, 4 if EARLY_DQ else 2, BLOCK, BLOCK_M, CAUSAL, s_layout)
+        _stage_operands(i, s, dp, grads, 4 if EARLY_DQ else 2, BLOCK, BLOCK_M, CAUSAL, False, s_layout)
         mbarrier.arrive(ds_ready.index(i % 2), count=1)
         if not EARLY_DQ:
             mbarrier.wait(ds_ready.index((i - 1) % 2), ((i - 1) // 2) & 1)
@@ -248,8 +248,8 @@ def gluon_dkdvdq_kernel(
     zeroed. Other arguments as :func:`flashattn.gluon_bwd.gluon_dkdv_kernel`'s."""
     gl.static_assert(BLOCK_M == 64, "BLOCK_M must be 64: S has a warpgroup's 4 x 16 rows, dQ one tile")
     # key tiles descending: a program waits only on lower ids
-    tile, start_n, b, hk, first_m, count = key_program(seq_q, seq_k, n_heads, group, 2 * BLOCK, BLOCK_M,
-                                                       CAUSAL, True)  # fmt: skip
+    tile, start_n, b, hk, first_m, count = key_program(seq_q, seq_k, n_heads, group, 0, seq_k - seq_q,
+                                                       2 * BLOCK, BLOCK_M, CAUSAL, False, True)  # fmt: skip
     k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar = allocate_operands(
         desc_q, desc_k, desc_v, desc_do, BLOCK, BLOCK_M, STAGES
     )
@@ -265,7 +265,8 @@ def gluon_dkdvdq_kernel(
 
     smem = (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem)
     bars = (kv_bar, q_ready, do_ready, ds_ready, ds_free, dq_full)
-    where = (b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale)
+    where = (b, hk, n_heads, group, start_n, first_m, count, seq_q, seq_k, qk_scale, sm_scale, 0,
+             seq_k - seq_q)  # fmt: skip
     part = ((desc_dk, desc_dv, LSE, DELTA), smem, bars, where)
     loads = (desc_q, desc_k, desc_v, desc_do, smem, (kv_bar, q_ready, q_empty, do_ready, do_empty), b, hk,
              group, start_n, first_m, count)  # fmt: skip

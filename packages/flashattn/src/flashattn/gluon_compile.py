@@ -46,6 +46,7 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
     t = torch.zeros(1, 1, 256, head_dim, dtype=torch.bfloat16)  # only the descriptors' types matter
     maxnreg = GluonTile(consumers=2).maxnreg()
     scalars = {"n_heads": "i32", "group": "i32", "seq_q": "i32", "seq_k": "i32", "qk_scale": "fp32"}
+    band = {"left": "i32", "right": "i32"}  # the window's sides (all but the five-product kernel)
     if kernel == "forward":
         from flashattn.gluon_fwd import gluon_fwd_kernel
 
@@ -55,8 +56,7 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
         constants = {"HEAD_DIM": head_dim, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
                      "STAGES": tile.stages, "CAUSAL": causal, "WINDOW": window, "CONSUMERS": tile.consumers,
                      "OVERLAP": tile.overlap, "PINGPONG": tile.pingpong}  # fmt: skip
-        scalars = {"LSE": "*fp32"} | scalars | {"left": "i32", "right": "i32"}
-        return gluon_fwd_kernel, descs, scalars, constants, tile.maxnreg()
+        return gluon_fwd_kernel, descs, {"LSE": "*fp32"} | scalars | band, constants, tile.maxnreg()
     scalars = {"LSE": "*fp32", "DELTA": "*fp32"} | scalars | {"sm_scale": "fp32"}
     if kernel == "dq":
         from flashattn.gluon_dq import gluon_dq_kernel
@@ -65,8 +65,9 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
         names = ("q", "k", "v", "o", "do", "dq")
         descs = {f"desc_{n}": gluon_descriptor(t, tile.block_n if n in "kv" else tile.block_m) for n in names}
         constants = {"HEAD_DIM": head_dim, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
-                     "STAGES": tile.stages, "CAUSAL": causal, "OVERLAP": tile.overlap}  # fmt: skip
-        return gluon_dq_kernel, descs, scalars, constants, maxnreg
+                     "STAGES": tile.stages, "CAUSAL": causal, "WINDOW": window,
+                     "OVERLAP": tile.overlap}  # fmt: skip
+        return gluon_dq_kernel, descs, scalars | band, constants, maxnreg
     tile = (configs.gluon_dkdv if kernel == "dkdv" else configs.gluon_dkdvdq)._replace(**changes)
     names = ("q", "k", "v", "do", "dk", "dv")
     descs = {f"desc_{n}": gluon_descriptor(t, tile.block_m if n in ("q", "do") else tile.block_n)
@@ -76,7 +77,8 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
     if kernel == "dkdv":
         from flashattn.gluon_bwd import gluon_dkdv_kernel
 
-        return gluon_dkdv_kernel, descs, scalars, constants | {"OVERLAP": tile.overlap}, maxnreg
+        constants |= {"WINDOW": window, "OVERLAP": tile.overlap}
+        return gluon_dkdv_kernel, descs, scalars | band, constants, maxnreg
     from flashattn.gluon_bwd5 import gluon_dkdvdq_kernel
     from flashattn.hopper import dq_accumulator
 
@@ -88,8 +90,8 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
 def compile_sm90(
     head_dim: int, changes: dict, causal: bool, kernel: str = "forward", window: bool = False
 ) -> dict:
-    """Compile one kernel (:data:`KERNELS`) with ``changes`` to its tile for sm90 (``window``: the forward's
-    sliding-window kernel); return its report row."""
+    """Compile one kernel (:data:`KERNELS`) with ``changes`` to its tile for sm90 (``window``: its
+    sliding-window version; not the five-product kernel's); return its report row."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas

@@ -32,8 +32,8 @@ LOG2E = gl.constexpr(1.4426950408889634)
 @gluon.jit
 def _load_partition(loads, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The producer: both halves' ``Q, dO, O``, then every K and V tile in order through the slots.
-    ``loads = (descs, smem, bars, b, h, hk, start_m, n_kv)``."""
-    descs, smem, bars, b, h, hk, start_m, n_kv = loads
+    ``loads = (descs, smem, bars, b, h, hk, start_m, lo, n_kv)``: key tiles ``lo ... lo + n_kv - 1``."""
+    descs, smem, bars, b, h, hk, start_m, lo, n_kv = loads
     desc_q, desc_k, desc_v, desc_o, desc_do = descs
     q_smem, do_smem, o_smem, k_smem, v_smem = smem
     row_bar, k_ready, k_empty, v_ready, v_empty = bars
@@ -49,7 +49,7 @@ def _load_partition(loads, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES:
         free_phase = ((j // STAGES) & 1) ^ 1  # a fresh barrier counts as having completed phase 1
         mbarrier.wait(k_empty.index(slot), free_phase)
         mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
-        n0 = j * BLOCK_N
+        n0 = (lo + j) * BLOCK_N
         tma.async_copy_global_to_shared(desc_k, [b, hk, n0, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), free_phase)
         mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
@@ -74,19 +74,29 @@ def _issue_scores(j, walk, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES
 @gluon.jit
 def _dscores(
     j, s, dp, rows, LATER: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-    s_layout: gl.constexpr,
+    WINDOW: gl.constexpr, s_layout: gl.constexpr,
 ):  # fmt: skip
-    """``dS`` (fp32) of key tile ``j`` once its products have completed (``LATER``: how many products issued
-    after them may still run); tile ``j``'s V slot is released. ``rows = (lse2, delta, offs_m, mask_from,
-    seq_k, causal_shift, qk_scale, v_empty)``: tiles from ``mask_from`` on are masked."""
-    lse2, delta, offs_m, mask_from, seq_k, causal_shift, qk_scale, v_empty = rows
+    """``dS`` (fp32) of the walk's ``j``-th key tile (tile ``lo + j``) once its products have completed
+    (``LATER``: how many products issued after them may still run); its V slot is released. ``rows = (lse2,
+    delta, offs_m, lo, mask_until, mask_from, seq_k, lo_off, hi_off, qk_scale, v_empty)``: key tiles below
+    ``mask_until`` and from ``mask_from`` on are masked (query ``i`` sees key ``n`` iff ``n < seq_k``, ``n <=
+    i + hi_off`` if ``CAUSAL or WINDOW`` and ``n >= i + lo_off`` if ``WINDOW``)."""
+    lse2, delta, offs_m, lo, mask_until, mask_from, seq_k, lo_off, hi_off, qk_scale, v_empty = rows
     s = warpgroup_mma_wait(num_outstanding=LATER + 1, deps=(s,))
     p = gl.exp2(s * qk_scale - lse2[:, None])
-    if j >= mask_from:
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    if WINDOW:
+        tile = lo + j
+        masked = (tile >= mask_from) or (tile < mask_until)
+    else:  # lo is 0
+        tile = j
+        masked = j >= mask_from
+    if masked:
+        offs_n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = offs_n[None, :] < seq_k
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_shift)
+        if CAUSAL or WINDOW:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None] + hi_off)
+        if WINDOW:
+            visible = visible & (offs_n[None, :] >= offs_m[:, None] + lo_off)
         p = gl.where(visible, p, 0.0)
     dp = warpgroup_mma_wait(num_outstanding=LATER, deps=(dp,))
     mbarrier.arrive(v_empty.index(j % STAGES), count=1)
@@ -96,15 +106,16 @@ def _dscores(
 @gluon.jit
 def _consumer(
     part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup's ``BLOCK_M`` query rows (half ``HALF`` of the program's) over every visible key tile.
 
     ``part = (out, smem, bars, where)`` with ``out = (desc_dq, LSE, DELTA)`` and ``where = (b, bh, h,
-    start_m, n_kv, seq_q, seq_k, qk_scale, sm_scale)``."""
+    start_m, lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale, sm_scale)``: key tiles ``lo ... lo + n_kv -
+    1``."""
     out, smem, bars, where = part
     desc_dq, LSE, DELTA = out
-    b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale, sm_scale = where
+    b, bh, h, start_m, lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale, sm_scale = where
     q_smem, do_smem, o_smem, k_smem, v_smem = smem
     row_bar, k_ready, k_empty, v_ready, v_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -117,11 +128,12 @@ def _consumer(
 
     row0 = start_m + HALF * BLOCK_M
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    causal_shift = seq_k - seq_q
-    if CAUSAL:  # the first key tile that some row of this half cannot fully see
-        mask_from = gl.minimum((row0 + causal_shift + 1) // BLOCK_N, seq_k // BLOCK_N)
+    if CAUSAL or WINDOW:  # the first key tile that some row of this half cannot fully see
+        mask_from = gl.minimum((row0 + hi_off + 1) // BLOCK_N, seq_k // BLOCK_N)
     else:
         mask_from = seq_k // BLOCK_N
+    # with a window: the first key tile that every row of this half sees from its left edge on
+    mask_until = gl.cdiv(gl.maximum(row0 + BLOCK_M - 1 + lo_off, 0), BLOCK_N) if WINDOW else 0
     q = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
     do = do_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
     lse2 = gl.load(LSE + bh.to(gl.int64) * seq_q + offs_m, mask=offs_m < seq_q, other=0.0) * LOG2E
@@ -129,18 +141,18 @@ def _consumer(
     delta = gl.sum(o_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM]).load(s_layout).to(gl.float32)
                    * do.load(s_layout).to(gl.float32), 1)  # fmt: skip
     gl.store(DELTA + bh.to(gl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
-    rows = (lse2, delta, offs_m, mask_from, seq_k, causal_shift, qk_scale, v_empty)
+    rows = (lse2, delta, offs_m, lo, mask_until, mask_from, seq_k, lo_off, hi_off, qk_scale, v_empty)
     walk = (q, do, k_smem, v_smem, k_ready, v_ready, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
     if OVERLAP:  # tile j's S and dP are issued before tile j - 1's dQ product
         s, dp = _issue_scores(0, walk, BLOCK_N, HEAD_DIM, STAGES)
-        ds = _dscores(0, s, dp, rows, 0, BLOCK_N, STAGES, CAUSAL, s_layout)
+        ds = _dscores(0, s, dp, rows, 0, BLOCK_N, STAGES, CAUSAL, WINDOW, s_layout)
         ds = gl.convert_layout(ds.to(dtype), op_layout)
         for j in range(1, n_kv):
             prev = (j - 1) % STAGES
             s, dp = _issue_scores(j, walk, BLOCK_N, HEAD_DIM, STAGES)
             dq = warpgroup_mma(ds, k_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
-            ds_next = _dscores(j, s, dp, rows, 1, BLOCK_N, STAGES, CAUSAL, s_layout)
+            ds_next = _dscores(j, s, dp, rows, 1, BLOCK_N, STAGES, CAUSAL, WINDOW, s_layout)
             ds_next = gl.convert_layout(ds_next.to(dtype), op_layout)
             dq, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds))
             mbarrier.arrive(k_empty.index(prev), count=1)
@@ -153,7 +165,7 @@ def _consumer(
         for j in range(n_kv):
             slot = j % STAGES
             s, dp = _issue_scores(j, walk, BLOCK_N, HEAD_DIM, STAGES)
-            ds = _dscores(j, s, dp, rows, 0, BLOCK_N, STAGES, CAUSAL, s_layout)
+            ds = _dscores(j, s, dp, rows, 0, BLOCK_N, STAGES, CAUSAL, WINDOW, s_layout)
             ds = gl.convert_layout(ds.to(dtype), op_layout)
             dq = warpgroup_mma(ds, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
             dq, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds))
@@ -169,27 +181,36 @@ def _consumer(
 @gluon.jit
 def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
     """The second consumer warpgroup: the program's second ``BLOCK_M`` query rows."""
-    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)
+    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP)
 
 
-@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k"])
+@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k", "left", "right"])
 def gluon_dq_kernel(
     desc_q, desc_k, desc_v, desc_o, desc_do, desc_dq, LSE, DELTA, n_heads, group, seq_q, seq_k,
-    qk_scale, sm_scale,
+    left, right, qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
     """Program ``w``: ``D`` and ``dQ`` of ``2 * BLOCK_M`` query rows of one head, heaviest (last) tile first
     within each (batch, head). ``desc_q, desc_o, desc_do, desc_dq`` have ``(1, 1, BLOCK_M, HEAD_DIM)``
-    blocks, ``desc_k, desc_v`` ``(1, 1, BLOCK_N, HEAD_DIM)``."""
+    blocks, ``desc_k, desc_v`` ``(1, 1, BLOCK_N, HEAD_DIM)``. ``WINDOW``: query ``i`` sees keys ``i + shift
+    - left ... i + shift + right`` (``shift = seq_k - seq_q``, ``right >= -shift``; 0 when ``CAUSAL``); the
+    program walks only the key tiles its rows see."""
     ROWS: gl.constexpr = 2 * BLOCK_M
     b, bh, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group)
-    if CAUSAL:  # the keys the program's last row sees
-        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + seq_k - seq_q), BLOCK_N)
+    lo_off = seq_k - seq_q - left
+    hi_off = seq_k - seq_q + right
+    if WINDOW:  # from the first row's first key to the last row's last
+        lo = gl.maximum(start_m + lo_off, 0) // BLOCK_N
+        n_kv = gl.minimum(gl.minimum(start_m + ROWS, seq_q) - 1 + hi_off, seq_k - 1) // BLOCK_N + 1 - lo
+    elif CAUSAL:  # the keys the program's last row sees
+        lo = 0
+        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + hi_off), BLOCK_N)
     else:
+        lo = 0
         n_kv = gl.cdiv(seq_k, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
@@ -204,12 +225,13 @@ def gluon_dq_kernel(
 
     smem = (q_smem, do_smem, o_smem, k_smem, v_smem)
     bars = (row_bar, k_ready, k_empty, v_ready, v_empty)
-    part = ((desc_dq, LSE, DELTA), smem, bars, (b, bh, h, start_m, n_kv, seq_q, seq_k, qk_scale, sm_scale))
-    loads = ((desc_q, desc_k, desc_v, desc_o, desc_do), smem, bars, b, h, hk, start_m, n_kv)
+    where = (b, bh, h, start_m, lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale, sm_scale)
+    part = ((desc_dq, LSE, DELTA), smem, bars, where)
+    loads = ((desc_q, desc_k, desc_v, desc_o, desc_do), smem, bars, b, h, hk, start_m, lo, n_kv)
     gl.warp_specialize(
         [
-            (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
-            (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+            (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP)),
+            (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP)),
             (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES)),
         ],
         [4, 1],

@@ -197,10 +197,9 @@ def gluon_forward(
     gluon_fwd_kernel[(triton.cdiv(seq_q, t.consumers * t.block_m) * batch * heads,)](
         gluon_descriptor(q, t.block_m), gluon_descriptor(k, t.block_n), gluon_descriptor(v, t.block_n),
         gluon_descriptor(o, t.block_m), lse, heads, heads // heads_k, seq_q, seq_k,
-        window[0] if window else 0, right_bound(is_causal, window) or 0, LOG2E / math.sqrt(head_dim),
-        HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.stages, CAUSAL=is_causal,
-        WINDOW=window is not None, CONSUMERS=t.consumers, OVERLAP=t.overlap, PINGPONG=t.pingpong, num_warps=4,
-        maxnreg=t.maxnreg(),
+        qk_scale=LOG2E / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+        STAGES=t.stages, CAUSAL=is_causal, CONSUMERS=t.consumers, OVERLAP=t.overlap, PINGPONG=t.pingpong,
+        num_warps=4, maxnreg=t.maxnreg(), **_band(is_causal, window),
     )  # fmt: skip
     return o, lse
 
@@ -274,25 +273,36 @@ def backward(
 
 
 def gluon_backward(
-    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool,
+    window: Window = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`backward` by the Gluon kernels (sm90 GPUs only): :func:`gluon_dq_pass` (``D`` and ``dQ``), then
-    :func:`gluon_dkdv_pass`. Seven tile products, as :func:`backward`."""
+    :func:`gluon_dkdv_pass`. Seven tile products, as :func:`backward`; ``window`` as :func:`gluon_forward`
+    takes it."""
+    window = check_window(window)
     q, k, v, o, lse, do, dq, dk, dv, delta = _prepared(q, k, v, o, lse, do, is_causal, gpu_only=True)
+    if (reason := window_reason(q.shape[2], k.shape[2], is_causal, window)) is not None:
+        raise ValueError(reason)
     descriptor = functools.cache(gluon_descriptor)  # one per (tensor, rows): the two kernels share most
-    gluon_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta, descriptor)
-    gluon_dkdv_pass(q, k, v, do, lse, delta, is_causal, dk, dv, descriptor)
+    gluon_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta, descriptor, window)
+    gluon_dkdv_pass(q, k, v, do, lse, delta, is_causal, dk, dv, descriptor, window)
     return dq, dk, dv
+
+
+def _band(is_causal: bool, window: Window) -> dict:
+    """The Gluon kernels' window arguments: ``left``, ``right`` (0 where absent) and ``WINDOW``."""
+    return {"left": window[0] if window else 0, "right": right_bound(is_causal, window) or 0,
+            "WINDOW": window is not None}  # fmt: skip
 
 
 def gluon_dq_pass(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, dq: Tensor,
-    delta: Tensor, descriptor=gluon_descriptor,
+    delta: Tensor, descriptor=gluon_descriptor, window: Window = None,
 ) -> None:  # fmt: skip
     """Write ``D = rowsum(O dO)`` (fp32 ``(B, H, Sq)``) into ``delta`` and ``dQ`` into ``dq``: the Gluon
     kernel of :mod:`flashattn.gluon_dq`, or the Triton-language one when the tile table's ``gluon_dq`` is
     None. Inputs as :func:`gluon_backward` passes them (checked, copy-engine ready); ``descriptor(t, rows)``
-    makes the TMA descriptors."""
+    makes the TMA descriptors; ``window`` (checked) needs the Gluon kernel."""
     from flashattn.gluon_dq import gluon_dq_kernel
 
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
@@ -302,20 +312,22 @@ def gluon_dq_pass(
         desc_k, desc_v = (descriptor(x, t.block_n) for x in (k, v))
         gluon_dq_kernel[(triton.cdiv(seq_q, 2 * t.block_m) * batch * heads,)](
             desc_q, desc_k, desc_v, desc_o, desc_do, desc_dq, lse, delta, heads, heads // heads_k, seq_q,
-            seq_k, qk_scale, sm_scale, HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            STAGES=t.stages, CAUSAL=is_causal, OVERLAP=t.overlap, num_warps=4,
-            maxnreg=GluonTile(consumers=2).maxnreg(),
+            seq_k, qk_scale=qk_scale, sm_scale=sm_scale, HEAD_DIM=head_dim, BLOCK_M=t.block_m,
+            BLOCK_N=t.block_n, STAGES=t.stages, CAUSAL=is_causal, OVERLAP=t.overlap, num_warps=4,
+            maxnreg=GluonTile(consumers=2).maxnreg(), **_band(is_causal, window),
         )  # fmt: skip
+    elif window is not None:
+        raise ValueError(f"window {window} needs the Gluon dQ kernel, which d {head_dim}'s tiles lack")
     else:
         _triton_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta)
 
 
 def gluon_dkdv_pass(
     q: Tensor, k: Tensor, v: Tensor, do: Tensor, lse: Tensor, delta: Tensor, is_causal: bool, dk: Tensor,
-    dv: Tensor, descriptor=gluon_descriptor,
+    dv: Tensor, descriptor=gluon_descriptor, window: Window = None,
 ) -> None:  # fmt: skip
     """Write ``dK, dV`` into ``dk, dv`` by the Gluon kernel of :mod:`flashattn.gluon_bwd`, from the ``D``
-    that :func:`gluon_dq_pass` wrote; ``descriptor`` as there."""
+    that :func:`gluon_dq_pass` wrote; ``descriptor`` and ``window`` as there."""
     from flashattn.gluon_bwd import gluon_dkdv_kernel
 
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
@@ -323,9 +335,10 @@ def gluon_dkdv_pass(
     gluon_dkdv_kernel[(triton.cdiv(seq_k, 2 * g.block_n) * batch * heads_k,)](
         descriptor(q, g.block_m), descriptor(k, g.block_n), descriptor(v, g.block_n),
         descriptor(do, g.block_m), descriptor(dk, g.block_n), descriptor(dv, g.block_n),
-        lse, delta, heads, heads // heads_k, seq_q, seq_k, LOG2E / math.sqrt(head_dim),
-        1.0 / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m, STAGES=g.stages,
-        CAUSAL=is_causal, OVERLAP=g.overlap, num_warps=4, maxnreg=GluonTile(consumers=2).maxnreg(),
+        lse, delta, heads, heads // heads_k, seq_q, seq_k, qk_scale=LOG2E / math.sqrt(head_dim),
+        sm_scale=1.0 / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m,
+        STAGES=g.stages, CAUSAL=is_causal, OVERLAP=g.overlap, num_warps=4,
+        maxnreg=GluonTile(consumers=2).maxnreg(), **_band(is_causal, window),
     )  # fmt: skip
 
 

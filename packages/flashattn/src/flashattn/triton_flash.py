@@ -257,7 +257,7 @@ class FlashAttention2Triton(torch.autograd.Function):
         elif ctx.backward_kernel == "hopper5":
             dq, dk, dv = hopper.backward5(q4, k4, v4, o4, lse4, do4, ctx.is_causal)
         elif ctx.backward_kernel == "gluon":
-            dq, dk, dv = hopper.gluon_backward(q4, k4, v4, o4, lse4, do4, ctx.is_causal)
+            dq, dk, dv = hopper.gluon_backward(q4, k4, v4, o4, lse4, do4, ctx.is_causal, ctx.window)
         elif ctx.backward_kernel == "gluon5":
             dq, dk, dv = hopper.gluon_backward5(q4, k4, v4, o4, lse4, do4, ctx.is_causal)
         else:
