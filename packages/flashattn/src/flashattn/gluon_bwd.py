@@ -11,9 +11,10 @@ through shared memory (two buffers each per warpgroup) to be read transposed as 
 two products, which frees their registers. A load warp streams the ``Q`` and ``dO`` tiles through ``STAGES``
 shared-memory slots (ready/empty mbarriers per slot, released by both consumers). With ``OVERLAP`` a
 warpgroup issues the next tile's ``S`` and ``dP`` before the current ``dV, dK`` products and computes the next
-``P`` and ``dS`` while those run (it then holds two query tiles: a third slot loads ahead). Causal tiles that
-no key sees are skipped (the walk starts at the program's first visible tile); only tiles crossing the
-diagonal are masked. ``D = rowsum(O * dO)`` comes from the dQ kernel, which runs first; ``LSE`` is in
+``P`` and ``dS`` while those run (it then holds two query tiles: a third slot loads ahead). Query tiles that
+see none of the program's keys are skipped (causal: the walk starts at the first that does; a sliding
+window, ``WINDOW``, also ends it at the last); only tiles crossing the diagonal or the band's edges are
+masked. ``D = rowsum(O * dO)`` comes from the dQ kernel, which runs first; ``LSE`` is in
 natural-log units, fp32 ``(batch * heads, seq_q)``. Deterministic: every output element is summed by one
 warpgroup in a fixed order, and no data is added atomically.
 """

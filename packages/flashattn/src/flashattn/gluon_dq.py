@@ -10,7 +10,8 @@ The load warp brings both halves' ``Q``, ``dO`` and ``O`` once, then streams K a
 ``STAGES`` slots (ready/empty mbarriers per slot for K and for V, released by both consumers). With
 ``OVERLAP`` a warpgroup issues tile ``j``'s ``S`` and ``dP`` before tile ``j - 1``'s ``dQ`` product and
 computes ``dS_j`` while that runs. ``dS`` stays in registers as the A operand of ``dQ += dS K``. Only tiles
-crossing the causal diagonal or the keys' end are masked; ``LSE`` is in natural-log units. Deterministic:
+crossing the causal diagonal (or a sliding window's edges: ``WINDOW`` walks only the band) or the keys' end
+are masked; ``LSE`` is in natural-log units. Deterministic:
 each ``dQ`` row is summed by one warpgroup in key order, without atomics.
 """
 

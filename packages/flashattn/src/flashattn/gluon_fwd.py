@@ -14,9 +14,11 @@ One program owns ``2 * BLOCK_M`` query rows of one (batch, head). Three partitio
 
 ``P`` stays in registers as the A operand of the second product (no shared-memory round trip). Scores are in
 base-2 units (``qk_scale = log2(e) / sqrt(d)``); only tiles at the causal diagonal or the keys' end are
-masked. Tensors are addressed through 4-D ``(batch, heads, seq, d)`` descriptors with ``(1, 1, rows, d)``
-blocks, so the copy engine zero-fills reads past a sequence's end and clips the output store there. ``LSE``
-is written in natural-log units, fp32 ``(batch * heads, seq_q)``, as :mod:`flashattn.hopper_fwd` does.
+masked. With a sliding window (``WINDOW``) a program walks only the key tiles of its rows' band and masks
+the tiles at both of its edges. Tensors are addressed through 4-D ``(batch, heads, seq, d)`` descriptors
+with ``(1, 1, rows, d)`` blocks, so the copy engine zero-fills reads past a sequence's end and clips the
+output store there. ``LSE`` is written in natural-log units, fp32 ``(batch * heads, seq_q)``, as
+:mod:`flashattn.hopper_fwd` does.
 """
 
 from triton.experimental import gluon
