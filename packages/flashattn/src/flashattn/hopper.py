@@ -168,12 +168,21 @@ def gluon_descriptor(t: Tensor, rows: int):
 
 
 def window_reason(seq_q: int, seq_k: int, is_causal: bool, window: Window) -> str | None:
-    """Why the Gluon forward cannot take ``window`` (checked by :func:`flashattn.inputs.check_window`) for
-    these lengths, or None: it needs every query to see a key."""
-    right = right_bound(is_causal, window)
-    if window is not None and seq_k - seq_q + right < 0:
+    """Why the Gluon kernels cannot take ``window`` (checked by :func:`flashattn.inputs.check_window`) for
+    these lengths, or None: they need every query to see a key."""
+    if window is not None and seq_k - seq_q + (right := right_bound(is_causal, window)) < 0:
         return f"window {window} leaves the first {seq_q - seq_k - right} queries without keys"
     return None
+
+
+def _band(q: Tensor, k: Tensor, is_causal: bool, window) -> dict:
+    """The Gluon kernels' window arguments (``left``, ``right``, 0 where absent, and ``WINDOW``) for ``q, k
+    (B, H, S, d)``; a window that :func:`window_reason` refuses raises ``ValueError``."""
+    window = check_window(window)
+    if (reason := window_reason(q.shape[2], k.shape[2], is_causal, window)) is not None:
+        raise ValueError(reason)
+    return {"left": window[0] if window else 0, "right": right_bound(is_causal, window) or 0,
+            "WINDOW": window is not None}  # fmt: skip
 
 
 def gluon_forward(
@@ -184,11 +193,10 @@ def gluon_forward(
     :func:`flashattn.flash_attention` takes it, where every query sees a key (:func:`window_reason`)."""
     from flashattn.gluon_fwd import gluon_fwd_kernel
 
-    window = check_window(window)
     _check_shapes(q, k, v, is_causal)
-    reason = device_reason(q.device) or window_reason(q.shape[2], k.shape[2], is_causal, window)
-    if reason is not None:
+    if (reason := device_reason(q.device)) is not None:
         raise ValueError(reason)
+    band = _band(q, k, is_causal, window)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
     o = torch.empty_like(q)  # q's layout, e.g. the (B, S, H, d) storage of attention layers
@@ -199,7 +207,7 @@ def gluon_forward(
         gluon_descriptor(o, t.block_m), lse, heads, heads // heads_k, seq_q, seq_k,
         qk_scale=LOG2E / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
         STAGES=t.stages, CAUSAL=is_causal, CONSUMERS=t.consumers, OVERLAP=t.overlap, PINGPONG=t.pingpong,
-        num_warps=4, maxnreg=t.maxnreg(), **_band(is_causal, window),
+        num_warps=4, maxnreg=t.maxnreg(), **band,
     )  # fmt: skip
     return o, lse
 
@@ -278,21 +286,12 @@ def gluon_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`backward` by the Gluon kernels (sm90 GPUs only): :func:`gluon_dq_pass` (``D`` and ``dQ``), then
     :func:`gluon_dkdv_pass`. Seven tile products, as :func:`backward`; ``window`` as :func:`gluon_forward`
-    takes it."""
-    window = check_window(window)
+    takes it (refused, as there, before the first launch)."""
     q, k, v, o, lse, do, dq, dk, dv, delta = _prepared(q, k, v, o, lse, do, is_causal, gpu_only=True)
-    if (reason := window_reason(q.shape[2], k.shape[2], is_causal, window)) is not None:
-        raise ValueError(reason)
     descriptor = functools.cache(gluon_descriptor)  # one per (tensor, rows): the two kernels share most
     gluon_dq_pass(q, k, v, o, lse, do, is_causal, dq, delta, descriptor, window)
     gluon_dkdv_pass(q, k, v, do, lse, delta, is_causal, dk, dv, descriptor, window)
     return dq, dk, dv
-
-
-def _band(is_causal: bool, window: Window) -> dict:
-    """The Gluon kernels' window arguments: ``left``, ``right`` (0 where absent) and ``WINDOW``."""
-    return {"left": window[0] if window else 0, "right": right_bound(is_causal, window) or 0,
-            "WINDOW": window is not None}  # fmt: skip
 
 
 def gluon_dq_pass(
@@ -302,7 +301,7 @@ def gluon_dq_pass(
     """Write ``D = rowsum(O dO)`` (fp32 ``(B, H, Sq)``) into ``delta`` and ``dQ`` into ``dq``: the Gluon
     kernel of :mod:`flashattn.gluon_dq`, or the Triton-language one when the tile table's ``gluon_dq`` is
     None. Inputs as :func:`gluon_backward` passes them (checked, copy-engine ready); ``descriptor(t, rows)``
-    makes the TMA descriptors; ``window`` (checked) needs the Gluon kernel."""
+    makes the TMA descriptors; ``window`` needs the Gluon kernel."""
     from flashattn.gluon_dq import gluon_dq_kernel
 
     (batch, heads, seq_q, head_dim), heads_k, seq_k = q.shape, k.shape[1], k.shape[2]
@@ -314,7 +313,7 @@ def gluon_dq_pass(
             desc_q, desc_k, desc_v, desc_o, desc_do, desc_dq, lse, delta, heads, heads // heads_k, seq_q,
             seq_k, qk_scale=qk_scale, sm_scale=sm_scale, HEAD_DIM=head_dim, BLOCK_M=t.block_m,
             BLOCK_N=t.block_n, STAGES=t.stages, CAUSAL=is_causal, OVERLAP=t.overlap, num_warps=4,
-            maxnreg=GluonTile(consumers=2).maxnreg(), **_band(is_causal, window),
+            maxnreg=GluonTile(consumers=2).maxnreg(), **_band(q, k, is_causal, window),
         )  # fmt: skip
     elif window is not None:
         raise ValueError(f"window {window} needs the Gluon dQ kernel, which d {head_dim}'s tiles lack")
@@ -338,7 +337,7 @@ def gluon_dkdv_pass(
         lse, delta, heads, heads // heads_k, seq_q, seq_k, qk_scale=LOG2E / math.sqrt(head_dim),
         sm_scale=1.0 / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m,
         STAGES=g.stages, CAUSAL=is_causal, OVERLAP=g.overlap, num_warps=4,
-        maxnreg=GluonTile(consumers=2).maxnreg(), **_band(is_causal, window),
+        maxnreg=GluonTile(consumers=2).maxnreg(), **_band(q, k, is_causal, window),
     )  # fmt: skip
 
 
