@@ -297,12 +297,12 @@ def head_shape() -> str:
     return table(cols, rows)
 
 
-FEATURES = "docs/data/flashattn-features-2026-12-02.csv"
+FEATURES = "docs/data/flashattn-features-2026-12-02b.csv"
 
 
 @block("flashattn.features")
 def features() -> str:
-    """``python -m flashattn.bench --only features`` on 2026-12-02 at 03:35 UTC: every row of its CSV."""
+    """``python -m flashattn.bench --only features`` on 2026-12-02 at 07:05 UTC: every row of its CSV."""
     d = pd.read_csv(ROOT / FEATURES).fillna("")
     rows = [
         [r["feature"], r["ours"], r["reference"], r["pass"], num(r["ours ms"], 3), num(r["reference ms"], 3),

@@ -165,10 +165,10 @@ SM90_FORWARD = {"hopper": hopper.forward, "gluon": hopper.gluon_forward}[HOPPER_
 PUBLIC_CASES = [CASES[1], CASES[4], CASES[5], CASES[6], CASES[9], CASES[11]]
 
 
-def _public(fn, q, k, v, do, causal):
+def _public(fn, q, k, v, do, causal, window=None):
     """``o, L, dq, dk, dv`` of a public entry point (``L``: the tensor it saves besides q, k, v, o)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    o = fn(*leaves, causal)
+    o = fn(*leaves, causal, window)
     lse = o.grad_fn.saved_tensors[0]
     o.backward(do)
     return [o.detach(), lse, *(t.grad for t in leaves)]
@@ -209,7 +209,7 @@ def test_public_entry_point_repeats_bitwise(case):
 
 def test_public_layouts_and_fallbacks():
     """The attention layer's ``(B, S, H, d).transpose(1, 2)`` layout and 3-D inputs take the sm90 forward;
-    a window the Gluon forward and the portable backward, fp32 the portable kernels."""
+    a window the Gluon kernels, fp32 the portable kernels."""
     gen = torch.Generator(device="cuda").manual_seed(6)
     q, k, v = (torch.randn(2, 300, 4, 128, device="cuda", generator=gen, dtype=torch.bfloat16).transpose(1, 2)
                for _ in range(3))  # fmt: skip
@@ -217,7 +217,7 @@ def test_public_layouts_and_fallbacks():
     torch.testing.assert_close(flash_attention(q, k, v, True), SM90_FORWARD(q, k, v, True)[0], atol=0, rtol=0)
     three_d = flash_attention(q[0], k[0], v[0], True)[None]
     assert torch.equal(three_d, flash_attention(q[:1], k[:1], v[:1], True))
-    assert choose(q, k, v, True, window=(64, 0))[2:] == ("gluon", "portable")
+    assert choose(q, k, v, True, window=(64, 0))[2:] == ("gluon", "gluon")
     assert choose(q.float(), k.float(), v.float(), True).forward == "portable"
 
 
@@ -270,22 +270,23 @@ def _oracle(q, k, v, do, causal, window):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=_window_id)
 def test_sliding_window_gluon_forward_and_public_path(case, dtype):
-    """The Gluon kernels with a window, and the public path (the Gluon forward, the portable backward reading
-    its ``L``): every output of both within twice plain attention's error against float64."""
+    """The Gluon kernels with a window, and the public path (the same kernels; with the portable backward
+    pinned, that backward reading the Gluon forward's ``L``): every output within twice plain attention's
+    error against float64, the public path's bitwise the kernels'."""
     *shape, causal, window = case
     q, k, v, do = _inputs((*shape, causal), dtype, seed=sum(shape) + window[0])
     choice = choose(q, k, v, causal, window)
-    assert (choice.forward, choice.backward) == ("gluon", "portable"), choice.reason
+    assert (choice.forward, choice.backward) == ("gluon", "gluon"), choice.reason
     gold = _oracle(*(t.double() for t in (q, k, v, do)), causal, window)
     plain = _oracle(q, k, v, do, causal, window)
     _poison_allocator(8 * (q.numel() + k.numel()) * q.element_size())
-    o, lse = hopper.gluon_forward(q, k, v, causal, window)
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    public = flash_attention(*leaves, causal, window)
-    public.backward(do)
-    assert torch.equal(public, o), "the public path did not run the Gluon forward"
-    kernels = [o, lse, *hopper.gluon_backward(q, k, v, o, lse, do, causal, window)]
-    for ours in (kernels, [o, lse, *(t.grad for t in leaves)]):
+    kernels = _windowed(q, k, v, do, causal, window)
+    public = _public(flash_attention, q, k, v, do, causal, window)
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), kernels, public, strict=True):
+        assert torch.equal(a, b), f"{name}: the public path did not run the Gluon kernels"
+    with pinned_kernels("gluon", "portable"):
+        portable = _public(flash_attention, q, k, v, do, causal, window)
+    for ours in (kernels, portable):
         for name, x, p, g in zip(("o", "lse", "dq", "dk", "dv"), ours, plain, gold, strict=True):
             assert x.shape == g.shape, name
             assert torch.isfinite(x).all(), f"{name} has unwritten (NaN) or infinite elements"

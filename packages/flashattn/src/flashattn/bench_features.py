@@ -8,8 +8,7 @@
   longest with a boolean mask, in its fastest backend that takes one (target: >= 1.5x faster);
 - window: window (4095, 0) at (1, 4, 32768, 128) on the portable kernels against full causal attention of
   the same kernels at that shape (target: >= 5x faster) and against their non-causal attention; and the
-  public path's window (on sm90 the Gluon forward, the portable backward) and both Gluon kernels pinned
-  (elsewhere the portable ones) against the portable one.
+  public path's window (on sm90 the Gluon kernels, elsewhere the portable ones) against the portable one.
 
 The d256 row's d128 reference and the window rows' references pin the portable kernels
 (:func:`flashattn.dispatch.pinned_kernels`): on sm90 the public path would run the Hopper kernels for them,
@@ -145,7 +144,6 @@ def _measurements(args) -> dict[str, tuple[dict, float]]:
     window_flops = _pairs_flops(heads, 128, pairs)
     out["ours window 4096"] = (_time(_ours(WINDOW), *qkv, args), window_flops)
     out["ours window 4096 portable"] = (_time(_pinned("portable", WINDOW), *qkv, args), window_flops)
-    out["ours window 4096 gluon"] = (_time(_pinned("gluon", WINDOW), *qkv, args), window_flops)
     out["ours causal 32768"] = (_time(_portable, *qkv, args), _causal_flops(heads, seq, 128))
     full = _causal_flops(heads, seq, 128, False)
     out["ours full 32768"] = (_time(_portable, *qkv, args, causal=False), full)
@@ -164,7 +162,6 @@ COMPARISONS = [
     ("window", "ours window 4096 portable", "ours causal 32768", "speedup", 5.0),
     ("window", "ours window 4096 portable", "ours full 32768", "speedup", None),
     ("window", "ours window 4096", "ours window 4096 portable", "speedup", None),
-    ("window", "ours window 4096 gluon", "ours window 4096 portable", "speedup", None),
 ]
 
 
