@@ -376,6 +376,16 @@ def hopper_multihead_7() -> str:
     return multihead_rows(HOPPER_MULTIHEAD_7, kernels=("gluon5",), flash=False, vs_cudnn=("gluon5",))
 
 
+HOPPER_MULTIHEAD_8 = "docs/data/flashattn-hopper-multihead-2026-12-02a.csv"
+
+
+@block("flashattn.hopper-multihead-8")
+def hopper_multihead_8() -> str:
+    """Run 8 (2026-12-02 07:29 UTC): every length of the benchmark list with the kernels as they stand."""
+    return multihead_rows(HOPPER_MULTIHEAD_8, kernels=())
+
+
+
 GLUON_BACKWARD5 = "docs/data/flashattn-gluon-bwd5-2026-12-01-"
 GLUON_BACKWARD5_STEPS = [  # (run file, hopper_bench step, what it is)
     ("run2-bench.csv", "gbwd-default", "seven-product Gluon backward (the public path's), run 2"),
