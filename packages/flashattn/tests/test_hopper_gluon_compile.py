@@ -8,7 +8,8 @@ SHARED_LIMIT = 232448  # bytes one Hopper thread block may opt into
 
 
 @pytest.mark.parametrize(
-    "head_dim, variant, causal", [(128, "default", True), (64, "no-overlap", False), (128, "pingpong", False)]
+    "head_dim, variant, causal",
+    [(128, "default", True), (64, "no-overlap", False), (128, "pingpong", False), (128, "persistent", False)],
 )
 def test_gluon_forward_compiles_for_sm90_without_spills(head_dim, variant, causal):
     row = compile_sm90(head_dim, VARIANTS[variant], causal)

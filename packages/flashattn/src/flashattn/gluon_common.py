@@ -26,11 +26,10 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
-def query_tile(ROWS: gl.constexpr, seq_q, n_heads, group):
-    """``(b, bh, h, hk, start_m)`` of program ``program_id(0)``, which owns ``ROWS`` query rows of one
-    (batch, head): the heaviest (last) causal tile of each head first."""
+def query_tile(ROWS: gl.constexpr, seq_q, n_heads, group, w):
+    """``(b, bh, h, hk, start_m)`` of work item ``w`` (a program id, or a persistent program's item), which
+    owns ``ROWS`` query rows of one (batch, head): the heaviest (last) causal tile of each head first."""
     n_tiles = gl.cdiv(seq_q, ROWS)
-    w = gl.program_id(0)
     bh = w // n_tiles
     h = bh % n_heads
     return bh // n_heads, bh, h, h // group, (n_tiles - 1 - w % n_tiles) * ROWS

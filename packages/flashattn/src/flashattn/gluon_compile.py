@@ -29,6 +29,7 @@ VARIANTS = {
     "stages-3": {"stages": 3},
     "three-consumers": {"consumers": 3},
     "three-consumers-64": {"consumers": 3, "block_n": 64},
+    "persistent": {"persistent": True},
 }
 
 
@@ -55,8 +56,10 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
                  for n in "qkvo"}  # fmt: skip
         constants = {"HEAD_DIM": head_dim, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
                      "STAGES": tile.stages, "CAUSAL": causal, "WINDOW": window, "CONSUMERS": tile.consumers,
-                     "OVERLAP": tile.overlap, "PINGPONG": tile.pingpong}  # fmt: skip
-        return gluon_fwd_kernel, descs, {"LSE": "*fp32"} | scalars | band, constants, tile.maxnreg()
+                     "OVERLAP": tile.overlap, "PINGPONG": tile.pingpong,
+                     "PERSISTENT": tile.persistent}  # fmt: skip
+        return (gluon_fwd_kernel, descs, {"LSE": "*fp32", "n_items": "i32"} | scalars | band, constants,
+                tile.maxnreg())
     scalars = {"LSE": "*fp32", "DELTA": "*fp32"} | scalars | {"sm_scale": "fp32"}
     if kernel == "dq":
         from flashattn.gluon_dq import gluon_dq_kernel

@@ -201,7 +201,7 @@ def gluon_dq_kernel(
     - left ... i + shift + right`` (``shift = seq_k - seq_q``, ``right >= -shift``; 0 when ``CAUSAL``); the
     program walks only the key tiles its rows see."""
     ROWS: gl.constexpr = 2 * BLOCK_M
-    b, bh, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group)
+    b, bh, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group, gl.program_id(0))
     lo_off = seq_k - seq_q - left
     hi_off = seq_k - seq_q + right
     if WINDOW:  # from the first row's first key to the last row's last

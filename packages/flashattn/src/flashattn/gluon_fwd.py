@@ -37,23 +37,48 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _load_partition(
-    loads, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr
-):
-    """The producer: every consumer's query rows, then every K and V tile in order through the slots.
-    ``loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, lo, n_kv)``: key tiles ``lo ... lo +
-    n_kv - 1``, the ``j``-th of them in slot ``j % STAGES``."""
-    desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, lo, n_kv = loads
-    q_smem, k_smem, v_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty, _ = bars
+def _key_range(start_m, ROWS: gl.constexpr, seq_q, seq_k, lo_off, hi_off, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr, WINDOW: gl.constexpr):  # fmt: skip
+    """``(lo, n_kv)``: the key tiles ``lo ... lo + n_kv - 1`` that query rows ``start_m ... start_m + ROWS -
+    1`` see (with a window, from the first row's first key to the last row's last)."""
+    if WINDOW:
+        lo = gl.maximum(start_m + lo_off, 0) // BLOCK_N
+        n_kv = gl.minimum(gl.minimum(start_m + ROWS, seq_q) - 1 + hi_off, seq_k - 1) // BLOCK_N + 1 - lo
+    elif CAUSAL:
+        lo = 0
+        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + hi_off), BLOCK_N)
+    else:
+        lo = 0
+        n_kv = gl.cdiv(seq_k, BLOCK_N)
+    return lo, n_kv
+
+
+@gluon.jit
+def _load_item(
+    loads, w, base, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PERSISTENT: gl.constexpr,
+):  # fmt: skip
+    """Load work item ``w``: every consumer's query rows (once the consumer has released the previous
+    item's), then the item's K and V tiles in order, the program's ``t``-th tile (``base`` before the
+    item's first) in slot ``t % STAGES``; return ``base`` for the next item."""
+    desc_q, desc_k, desc_v, smem, bars, where = loads
+    _, n_heads, group, seq_q, seq_k, lo_off, hi_off, _ = where
+    q_smem, k_smem, v_smem, _ = smem
+    q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, _ = bars
+    ROWS: gl.constexpr = CONSUMERS * BLOCK_M
+    b, _, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group, w)
+    lo, n_kv = _key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
     for half in gl.static_range(CONSUMERS):
+        if PERSISTENT:  # the program's it-th item; a fresh barrier counts as having completed phase 1
+            it = (w - gl.program_id(0)) // gl.num_programs(0)
+            mbarrier.wait(q_empty.index(half), (it & 1) ^ 1)
         mbarrier.expect(q_bar.index(half), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(
             desc_q, [b, h, start_m + half * BLOCK_M, 0], q_bar.index(half), q_smem.index(half)
         )
     for j in range(n_kv):
-        slot = j % STAGES
-        free_phase = ((j // STAGES) & 1) ^ 1  # a fresh barrier counts as having completed phase 1
+        slot = (base + j) % STAGES
+        free_phase = (((base + j) // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), free_phase)
         mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
         tma.async_copy_global_to_shared(
@@ -64,6 +89,23 @@ def _load_partition(
         tma.async_copy_global_to_shared(
             desc_v, [b, hk, (lo + j) * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot)
         )
+    return base + n_kv
+
+
+@gluon.jit
+def _load_partition(
+    loads, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PERSISTENT: gl.constexpr,
+):  # fmt: skip
+    """The producer: the program's work item, or with ``PERSISTENT`` each of its items in turn, their K/V
+    tiles through one ring. ``loads = (desc_q, desc_k, desc_v, smem, bars, where)`` with ``where`` as
+    :func:`_consumer` takes it."""
+    if PERSISTENT:
+        base = 0
+        for w in range(gl.program_id(0), loads[5][0], gl.num_programs(0)):
+            base = _load_item(loads, w, base, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, True)
+    else:
+        _load_item(loads, gl.program_id(0), 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, False)
 
 
 @gluon.jit
@@ -121,31 +163,34 @@ def _softmax_step(
 
 @gluon.jit
 def _overlapped(
-    q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    q, ring, state, mask, n_kv, base, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr,
     o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """The key loop with ``S_j = Q K_j^T`` issued before ``O += P_{j-1} V_{j-1}`` and the softmax of
-    ``S_j`` computed while that product runs; ``n_kv + 1`` groups of products, each issued in turn."""
+    ``S_j`` computed while that product runs; ``n_kv + 1`` groups of products, each issued in turn. The
+    loop's tile ``j`` is the program's ``base + j``-th (:func:`_load_partition`)."""
     k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn = ring
     acc, row_max, row_sum = state
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(k_ready.index(0), 0)
-    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    first = base % STAGES
+    mbarrier.wait(k_ready.index(first), (base // STAGES) & 1)
+    k_t = k_smem.index(first).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     _wait_turn(turn, 0, HALF, PINGPONG)
     s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
     _pass_turn(turn, HALF, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(0), count=1)
+    mbarrier.arrive(k_empty.index(first), count=1)
     p, row_max, row_sum, alpha = _softmax_step(
         s, row_max, row_sum, 0, mask, BLOCK_N, CAUSAL, WINDOW, s_layout
     )
     p = gl.convert_layout(p.to(q.dtype), p_layout)
     for j in range(1, n_kv):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        t = base + j
+        slot = t % STAGES
+        prev = (t - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (t // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
         k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         _wait_turn(turn, j, HALF, PINGPONG)
         s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)  # next scores, issued first
@@ -161,8 +206,8 @@ def _overlapped(
         mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = p_next
-    last = (n_kv - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_kv - 1) // STAGES) & 1)
+    last = (base + n_kv - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((base + n_kv - 1) // STAGES) & 1)
     _wait_turn(turn, n_kv, HALF, PINGPONG)
     acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
     _pass_turn(turn, HALF, PINGPONG)
@@ -173,7 +218,7 @@ def _overlapped(
 
 @gluon.jit
 def _sequential(
-    q, ring, state, mask, n_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    q, ring, state, mask, n_kv, base, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr,
     o_layout: gl.constexpr, p_layout: gl.constexpr,
 ):  # fmt: skip
@@ -182,8 +227,8 @@ def _sequential(
     acc, row_max, row_sum = state
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for j in range(n_kv):
-        slot = j % STAGES
-        phase = (j // STAGES) & 1
+        slot = (base + j) % STAGES
+        phase = ((base + j) // STAGES) & 1
         mbarrier.wait(k_ready.index(slot), phase)
         k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
@@ -202,28 +247,26 @@ def _sequential(
 
 
 @gluon.jit
-def _consumer(
-    part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr,
+def _consumer_item(
+    part, w, base, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+    OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """One warpgroup's ``BLOCK_M`` query rows (part ``HALF`` of the program's tile) over the program's key
-    tiles.
-
-    ``part = (out, smem, bars, where)`` with ``out = (desc_o, LSE, o_smem)`` and ``where = (b, bh, h, start_m,
-    lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale)``: key tiles ``lo ... lo + n_kv - 1``; query ``i``
-    sees key ``n`` iff ``i + lo_off <= n`` (``WINDOW``) and ``n <= i + hi_off`` (``CAUSAL or WINDOW``)."""
+    """One warpgroup's ``BLOCK_M`` query rows (part ``HALF``) of work item ``w`` over the item's key tiles
+    (the program's from ``base`` on); return ``base`` for the next item. ``part`` as :func:`_consumer`."""
     out, smem, bars, where = part
-    desc_o, LSE, o_smem = out
-    b, bh, h, start_m, lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale = where
-    q_smem, k_smem, v_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty, turn = bars
+    desc_o, LSE = out
+    _, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale = where
+    q_smem, k_smem, v_smem, o_smem = smem
+    q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-
+    ROWS: gl.constexpr = CONSUMERS * BLOCK_M
+    b, bh, h, _, start_m = query_tile(ROWS, seq_q, n_heads, group, w)
+    lo, n_kv = _key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
     row0 = start_m + HALF * BLOCK_M
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     if CAUSAL or WINDOW:  # the first key tile that some row of this part cannot fully see
@@ -240,51 +283,54 @@ def _consumer(
     mask = (lo, mask_until, mask_from, offs_m, seq_k, lo_off, hi_off, qk_scale)
     ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn)
     q = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
-    mbarrier.wait(q_bar.index(HALF), 0)
+    if PERSISTENT:  # the program's it-th item
+        it = (w - gl.program_id(0)) // gl.num_programs(0)
+        mbarrier.wait(q_bar.index(HALF), it & 1)
+    else:
+        mbarrier.wait(q_bar.index(HALF), 0)
     if OVERLAP:
         acc, row_max, row_sum = _overlapped(
-            q,
-            ring,
-            state,
-            mask,
-            n_kv,
-            BLOCK_M,
-            BLOCK_N,
-            HEAD_DIM,
-            STAGES,
-            CAUSAL,
-            WINDOW,
-            s_layout,
-            o_layout,
-            p_layout,
-            HALF,
-            PINGPONG,
-        )
+            q, ring, state, mask, n_kv, base, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, WINDOW, s_layout,
+            o_layout, p_layout, HALF, PINGPONG,
+        )  # fmt: skip
     else:
         acc, row_max, row_sum = _sequential(
-            q,
-            ring,
-            state,
-            mask,
-            n_kv,
-            BLOCK_M,
-            BLOCK_N,
-            HEAD_DIM,
-            STAGES,
-            CAUSAL,
-            WINDOW,
-            s_layout,
-            o_layout,
-            p_layout,
-        )
-
-    o = acc / gl.convert_layout(row_sum, gl.SliceLayout(1, o_layout))[:, None]
+            q, ring, state, mask, n_kv, base, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, WINDOW, s_layout,
+            o_layout, p_layout,
+        )  # fmt: skip
     o_tile = o_smem.index(HALF)
+    if PERSISTENT:  # every product has completed: the load warp may bring the next item's rows
+        mbarrier.arrive(q_empty.index(HALF), count=1)
+        tma.store_wait(0)  # the previous item's output has left its staging tile
+    o = acc / gl.convert_layout(row_sum, gl.SliceLayout(1, o_layout))[:, None]
     o_tile.reshape([BLOCK_M, HEAD_DIM]).store(o.to(desc_o.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(desc_o, [b, h, row0, 0], o_tile)
     lse = (row_max + gl.log2(row_sum)) * LN2
     gl.store(LSE + bh.to(gl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
+    return base + n_kv
+
+
+@gluon.jit
+def _consumer(
+    part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
+    PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
+):  # fmt: skip
+    """One consumer warpgroup: rows ``HALF`` of the program's work item, or with ``PERSISTENT`` of each of
+    its items in turn (:func:`_consumer_item`).
+
+    ``part = (out, smem, bars, where)`` with ``out = (desc_o, LSE)``, ``smem = (q, k, v, o)`` and ``where =
+    (n_items, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale)``: query ``i`` sees key ``n`` iff ``i
+    + lo_off <= n`` (``WINDOW``) and ``n <= i + hi_off`` (``CAUSAL or WINDOW``)."""
+    if PERSISTENT:
+        base = 0
+        for w in range(gl.program_id(0), part[3][0], gl.num_programs(0)):
+            base = _consumer_item(part, w, base, HALF, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW,
+                                  OVERLAP, PINGPONG, CONSUMERS, True)  # fmt: skip
+    else:
+        _consumer_item(part, gl.program_id(0), 0, HALF, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW,
+                       OVERLAP, PINGPONG, CONSUMERS, False)  # fmt: skip
     tma.store_wait(0)
 
 
@@ -292,97 +338,102 @@ def _consumer(
 def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """The second consumer warpgroup: the program's second ``BLOCK_M`` query rows."""
-    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG)
+    """The second consumer warpgroup: the second ``BLOCK_M`` query rows of each item."""
+    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG, CONSUMERS,
+              PERSISTENT)  # fmt: skip
 
 
 @gluon.jit
 def _third_consumer(
     part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """The third consumer warpgroup (``CONSUMERS == 3``): the program's last ``BLOCK_M`` query rows."""
-    _consumer(part, 2, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False)
+    """The third consumer warpgroup (``CONSUMERS == 3``): the last ``BLOCK_M`` query rows of each item."""
+    _consumer(part, 2, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False, 3, PERSISTENT)
 
 
-@gluon.jit(do_not_specialize=["n_heads", "group", "seq_q", "seq_k", "left", "right"])
+@gluon.jit(do_not_specialize=["n_items", "n_heads", "group", "seq_q", "seq_k", "left", "right"])
 def gluon_fwd_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE, n_heads, group, seq_q, seq_k, left, right, qk_scale,
+    desc_q, desc_k, desc_v, desc_o, LSE, n_items, n_heads, group, seq_q, seq_k, left, right, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr,
+    PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """Program ``w``: ``CONSUMERS * BLOCK_M`` query rows (one consumer warpgroup each, 1 to 3), heaviest
-    (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a warpgroup and
-    ``PINGPONG`` (two consumers, overlapped) makes the two take turns to issue their products. ``WINDOW``:
-    query ``i`` sees keys ``i + shift - left ... i + shift + right`` (``shift = seq_k - seq_q``, ``right >=
-    -shift``, so every query sees a key; ``right`` is 0 when ``CAUSAL``); the program walks only the key
-    tiles its rows see."""
+    """Program ``w`` takes work items ``w, w + G, ...`` of the ``n_items`` (``G`` programs; one item each
+    unless ``PERSISTENT``), each ``CONSUMERS * BLOCK_M`` query rows of one (batch, head) (one consumer
+    warpgroup each, 1 to 3), heaviest (last) tile first within each (batch, head); ``OVERLAP`` pipelines the
+    key loop inside a warpgroup and ``PINGPONG`` (two consumers, overlapped, one item) makes the two take
+    turns to issue their products. ``PERSISTENT`` stages outputs in tiles of their own, so the next item's
+    rows load while the last item's output is written. ``WINDOW``: query ``i`` sees keys ``i + shift - left
+    ... i + shift + right`` (``shift = seq_k - seq_q``, ``right >= -shift``, so every query sees a key;
+    ``right`` is 0 when ``CAUSAL``); a program walks only the key tiles its rows see."""
     gl.static_assert(not PINGPONG or (CONSUMERS == 2 and OVERLAP), "PINGPONG needs two overlapped consumers")
-    ROWS: gl.constexpr = CONSUMERS * BLOCK_M
-    b, bh, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group)
+    gl.static_assert(not (PINGPONG and PERSISTENT), "PINGPONG counts its turns within one item")
     lo_off = seq_k - seq_q - left
     hi_off = seq_k - seq_q + right
-    if WINDOW:  # from the first row's first key to the last row's last
-        lo = gl.maximum(start_m + lo_off, 0) // BLOCK_N
-        n_kv = gl.minimum(gl.minimum(start_m + ROWS, seq_q) - 1 + hi_off, seq_k - 1) // BLOCK_N + 1 - lo
-    elif CAUSAL:
-        lo = 0
-        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + hi_off), BLOCK_N)
-    else:
-        lo = 0
-        n_kv = gl.cdiv(seq_k, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], desc_v.layout)
+    # one item a program: each consumer stages its output in its own query slot, free once its last Q K^T
+    # has completed (o has q's dtype and block, so the same layout): the 32 KB at d 128 that let a third
+    # K/V slot fit; persistent, the next item's rows load into that slot while the output is written
+    if PERSISTENT:
+        o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_o.layout)
+    else:
+        o_smem = q_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
     k_ready, k_empty, v_ready, v_empty = ring_barriers(STAGES, CONSUMERS)  # every consumer releases each slot
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer h waits on [h]
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
 
-    smem = (q_smem, k_smem, v_smem)
-    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turn)
-    # each consumer stages its output in its own query slot, free once its last Q K^T has completed (o has
-    # q's dtype and block, so the same layout): the 32 KB at d 128 that let a third K/V slot fit
-    where = (b, bh, h, start_m, lo, n_kv, seq_q, seq_k, lo_off, hi_off, qk_scale)
-    part = ((desc_o, LSE, q_smem), smem, bars, where)
-    loads = (desc_q, desc_k, desc_v, smem, bars, b, h, hk, start_m, lo, n_kv)
+    smem = (q_smem, k_smem, v_smem, o_smem)
+    bars = (q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn)
+    where = (n_items, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale)
+    part = ((desc_o, LSE), smem, bars, where)
+    loads = (desc_q, desc_k, desc_v, smem, bars, where)
     # workers: the other consumers (4 warps each) and the loader (1 warp, 24 registers); the default partition
     # (the first consumer) gets the rest of maxnreg's budget: 240 with two consumers, 168 with three
     if CONSUMERS == 3:
         gl.warp_specialize(
             [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False)),
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False, 3,
+                             PERSISTENT)),
                 (_consumer_worker,
-                 (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False)),
-                (_third_consumer, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP)),
-                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                 (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False, 3, PERSISTENT)),
+                (_third_consumer, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP,
+                                   PERSISTENT)),
+                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, PERSISTENT)),
             ],
             [4, 4, 1],
             [160, 160, 24],
-        )
+        )  # fmt: skip
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG)),
-                (_consumer_worker,
-                 (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG)),
-                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG,
+                             2, PERSISTENT)),
+                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP,
+                                    PINGPONG, 2, PERSISTENT)),
+                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, PERSISTENT)),
             ],
             [4, 1],
             [240, 24],
-        )
+        )  # fmt: skip
     else:
         gl.warp_specialize(
             [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False)),
-                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False, 1,
+                             PERSISTENT)),
+                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, PERSISTENT)),
             ],
             [1],
             [24],
-        )
+        )  # fmt: skip

@@ -118,7 +118,7 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _n_programs(work: int, tile: HopperTile, device: torch.device) -> int:
+def _n_programs(work: int, tile: HopperTile | GluonTile, device: torch.device) -> int:
     if not tile.persistent:
         return work
     if device.type != "cuda":  # the interpreter: a few programs still exercise the striding
@@ -202,12 +202,14 @@ def gluon_forward(
     o = torch.empty_like(q)  # q's layout, e.g. the (B, S, H, d) storage of attention layers
     lse = torch.empty((batch, heads, seq_q), dtype=torch.float32, device=q.device)
     t = configs_for(head_dim).gluon
-    gluon_fwd_kernel[(triton.cdiv(seq_q, t.consumers * t.block_m) * batch * heads,)](
+    n_items = triton.cdiv(seq_q, t.consumers * t.block_m) * batch * heads
+    programs = _n_programs(n_items, t, q.device)
+    gluon_fwd_kernel[(programs,)](
         gluon_descriptor(q, t.block_m), gluon_descriptor(k, t.block_n), gluon_descriptor(v, t.block_n),
-        gluon_descriptor(o, t.block_m), lse, heads, heads // heads_k, seq_q, seq_k,
+        gluon_descriptor(o, t.block_m), lse, n_items, heads, heads // heads_k, seq_q, seq_k,
         qk_scale=LOG2E / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
         STAGES=t.stages, CAUSAL=is_causal, CONSUMERS=t.consumers, OVERLAP=t.overlap, PINGPONG=t.pingpong,
-        num_warps=4, maxnreg=t.maxnreg(), **band,
+        PERSISTENT=t.persistent, num_warps=4, maxnreg=t.maxnreg(), **band,
     )  # fmt: skip
     return o, lse
 

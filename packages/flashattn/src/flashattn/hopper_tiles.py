@@ -29,7 +29,9 @@ class GluonTile(NamedTuple):
     """Launch shape of the Gluon forward: ``consumers`` warpgroups (1 or 2) of ``block_m`` query rows each
     share ``block_n``-key K/V tiles held in ``stages`` shared-memory slots; ``overlap`` pipelines each
     warpgroup's key loop (the next ``Q K^T`` issued before the current softmax); ``pingpong`` makes two
-    overlapped consumers take turns to issue their products."""
+    overlapped consumers take turns to issue their products; ``persistent``: one program per SM, each
+    taking every ``G``-th query tile, its outputs staged apart from its query rows so that the next tile's
+    load overlaps the last one's epilogue."""
 
     block_m: int = 64
     block_n: int = 128
@@ -37,6 +39,7 @@ class GluonTile(NamedTuple):
     consumers: int = 2
     overlap: bool = True
     pingpong: bool = False
+    persistent: bool = False
 
     def maxnreg(self) -> int:
         """Registers per thread at entry: the SM's 65 536 over every warp (the loader warp rounds up to a
