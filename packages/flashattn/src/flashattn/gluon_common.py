@@ -1,6 +1,6 @@
 """Pieces the three Gluon kernels share: the mbarriers of their shared-memory rings (``STAGES`` slots, each
 holding one tile of two operands, K and V or Q and dO, that a load warp fills and the consumer warpgroups
-drain) and the query tile a program owns."""
+drain), the query tile a work item owns and the key tiles its rows see."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -33,3 +33,20 @@ def query_tile(ROWS: gl.constexpr, seq_q, n_heads, group, w):
     bh = w // n_tiles
     h = bh % n_heads
     return bh // n_heads, bh, h, h // group, (n_tiles - 1 - w % n_tiles) * ROWS
+
+
+@gluon.jit
+def key_range(start_m, ROWS: gl.constexpr, seq_q, seq_k, lo_off, hi_off, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr, WINDOW: gl.constexpr):  # fmt: skip
+    """``(lo, n_kv)``: the key tiles ``lo ... lo + n_kv - 1`` that query rows ``start_m ... start_m + ROWS -
+    1`` see (with a window, from the first row's first key to the last row's last)."""
+    if WINDOW:
+        lo = gl.maximum(start_m + lo_off, 0) // BLOCK_N
+        n_kv = gl.minimum(gl.minimum(start_m + ROWS, seq_q) - 1 + hi_off, seq_k - 1) // BLOCK_N + 1 - lo
+    elif CAUSAL:
+        lo = 0
+        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + hi_off), BLOCK_N)
+    else:
+        lo = 0
+        n_kv = gl.cdiv(seq_k, BLOCK_N)
+    return lo, n_kv

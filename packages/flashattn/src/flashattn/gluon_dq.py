@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashattn.gluon_common import query_tile, ring_barriers
+from flashattn.gluon_common import key_range, query_tile, ring_barriers
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -204,15 +204,7 @@ def gluon_dq_kernel(
     b, bh, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group, gl.program_id(0))
     lo_off = seq_k - seq_q - left
     hi_off = seq_k - seq_q + right
-    if WINDOW:  # from the first row's first key to the last row's last
-        lo = gl.maximum(start_m + lo_off, 0) // BLOCK_N
-        n_kv = gl.minimum(gl.minimum(start_m + ROWS, seq_q) - 1 + hi_off, seq_k - 1) // BLOCK_N + 1 - lo
-    elif CAUSAL:  # the keys the program's last row sees
-        lo = 0
-        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + hi_off), BLOCK_N)
-    else:
-        lo = 0
-        n_kv = gl.cdiv(seq_k, BLOCK_N)
+    lo, n_kv = key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], desc_q.layout)
     do_smem = gl.allocate_shared_memory(desc_do.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], desc_do.layout)

@@ -31,26 +31,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashattn.gluon_common import query_tile, ring_barriers
+from flashattn.gluon_common import key_range, query_tile, ring_barriers
 
 LN2 = gl.constexpr(0.6931471805599453)
-
-
-@gluon.jit
-def _key_range(start_m, ROWS: gl.constexpr, seq_q, seq_k, lo_off, hi_off, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr, WINDOW: gl.constexpr):  # fmt: skip
-    """``(lo, n_kv)``: the key tiles ``lo ... lo + n_kv - 1`` that query rows ``start_m ... start_m + ROWS -
-    1`` see (with a window, from the first row's first key to the last row's last)."""
-    if WINDOW:
-        lo = gl.maximum(start_m + lo_off, 0) // BLOCK_N
-        n_kv = gl.minimum(gl.minimum(start_m + ROWS, seq_q) - 1 + hi_off, seq_k - 1) // BLOCK_N + 1 - lo
-    elif CAUSAL:
-        lo = 0
-        n_kv = gl.cdiv(gl.minimum(seq_k, start_m + ROWS + hi_off), BLOCK_N)
-    else:
-        lo = 0
-        n_kv = gl.cdiv(seq_k, BLOCK_N)
-    return lo, n_kv
 
 
 @gluon.jit
@@ -67,10 +50,10 @@ def _load_item(
     q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, _ = bars
     ROWS: gl.constexpr = CONSUMERS * BLOCK_M
     b, _, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group, w)
-    lo, n_kv = _key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
+    lo, n_kv = key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
+    it = (w - gl.program_id(0)) // gl.num_programs(0)  # the program's it-th item
     for half in gl.static_range(CONSUMERS):
-        if PERSISTENT:  # the program's it-th item; a fresh barrier counts as having completed phase 1
-            it = (w - gl.program_id(0)) // gl.num_programs(0)
+        if PERSISTENT:  # a fresh barrier counts as having completed phase 1
             mbarrier.wait(q_empty.index(half), (it & 1) ^ 1)
         mbarrier.expect(q_bar.index(half), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(
@@ -100,9 +83,10 @@ def _load_partition(
     """The producer: the program's work item, or with ``PERSISTENT`` each of its items in turn, their K/V
     tiles through one ring. ``loads = (desc_q, desc_k, desc_v, smem, bars, where)`` with ``where`` as
     :func:`_consumer` takes it."""
+    n_items = loads[5][0]
     if PERSISTENT:
         base = 0
-        for w in range(gl.program_id(0), loads[5][0], gl.num_programs(0)):
+        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
             base = _load_item(loads, w, base, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, True)
     else:
         _load_item(loads, gl.program_id(0), 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, False)
@@ -266,7 +250,7 @@ def _consumer_item(
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     ROWS: gl.constexpr = CONSUMERS * BLOCK_M
     b, bh, h, _, start_m = query_tile(ROWS, seq_q, n_heads, group, w)
-    lo, n_kv = _key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
+    lo, n_kv = key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
     row0 = start_m + HALF * BLOCK_M
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     if CAUSAL or WINDOW:  # the first key tile that some row of this part cannot fully see
@@ -323,9 +307,10 @@ def _consumer(
     ``part = (out, smem, bars, where)`` with ``out = (desc_o, LSE)``, ``smem = (q, k, v, o)`` and ``where =
     (n_items, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale)``: query ``i`` sees key ``n`` iff ``i
     + lo_off <= n`` (``WINDOW``) and ``n <= i + hi_off`` (``CAUSAL or WINDOW``)."""
+    n_items = part[3][0]
     if PERSISTENT:
         base = 0
-        for w in range(gl.program_id(0), part[3][0], gl.num_programs(0)):
+        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
             base = _consumer_item(part, w, base, HALF, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW,
                                   OVERLAP, PINGPONG, CONSUMERS, True)  # fmt: skip
     else:
