@@ -42,7 +42,7 @@ def test_forward_error_within_twice_plain_attention(case, dtype, variant):
         assert err <= 2 * plain_err + 1e-4, f"{name}: error {err:.2e} vs plain {plain_err:.2e}"
 
 
-@pytest.mark.parametrize("variant", ["default", "pingpong"])
+@pytest.mark.parametrize("variant", ["default", "pingpong", "persistent"])
 def test_repeats_bitwise_and_reads_strided_inputs(variant):
     q, k, v, _ = _inputs(CASES[9], torch.bfloat16, seed=8)
     with _variant(variant, 128):

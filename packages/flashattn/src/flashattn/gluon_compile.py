@@ -58,7 +58,9 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
                      "STAGES": tile.stages, "CAUSAL": causal, "WINDOW": window, "CONSUMERS": tile.consumers,
                      "OVERLAP": tile.overlap, "PINGPONG": tile.pingpong,
                      "PERSISTENT": tile.persistent}  # fmt: skip
-        return (gluon_fwd_kernel, descs, {"LSE": "*fp32", "n_items": "i32"} | scalars | band, constants,
+        claims = "*i32" if tile.persistent else "*fp32"
+        return (gluon_fwd_kernel, descs, {"LSE": "*fp32", "claims": claims, "n_items": "i32"} | scalars | band,
+                constants,
                 tile.maxnreg())
     scalars = {"LSE": "*fp32", "DELTA": "*fp32"} | scalars | {"sm_scale": "fp32"}
     if kernel == "dq":

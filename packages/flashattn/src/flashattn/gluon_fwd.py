@@ -37,24 +37,35 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
+def _announce(items, bars, w, it, half):
+    """Tell consumer ``half`` that the program's ``it``-th item is ``w``, once it has released its query
+    rows of the item before (a fresh barrier counts as having completed phase 1); the arrival on its query
+    barrier that follows publishes the index."""
+    q_empty = bars[1]
+    mbarrier.wait(q_empty.index(half), (it & 1) ^ 1)
+    items.index(half).store(gl.full([1], w, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0])))
+    gl.thread_barrier()
+
+
+@gluon.jit
 def _load_item(
-    loads, w, base, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    loads, w, it, base, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """Load work item ``w``: every consumer's query rows (once the consumer has released the previous
-    item's), then the item's K and V tiles in order, the program's ``t``-th tile (``base`` before the
-    item's first) in slot ``t % STAGES``; return ``base`` for the next item."""
-    desc_q, desc_k, desc_v, smem, bars, where = loads
+    """Load work item ``w``, the program's ``it``-th: every consumer's query rows (persistent: once the
+    consumer has released the previous item's, with the item's index), then the item's K and V tiles in
+    order, the program's ``t``-th tile (``base`` before the item's first) in slot ``t % STAGES``; return
+    ``base`` for the next item."""
+    desc_q, desc_k, desc_v, smem, bars, where, _ = loads
     _, n_heads, group, seq_q, seq_k, lo_off, hi_off, _ = where
-    q_smem, k_smem, v_smem, _ = smem
+    q_smem, k_smem, v_smem, _, items = smem
     q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, _ = bars
     ROWS: gl.constexpr = CONSUMERS * BLOCK_M
     b, _, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group, w)
     lo, n_kv = key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
-    it = (w - gl.program_id(0)) // gl.num_programs(0)  # the program's it-th item
     for half in gl.static_range(CONSUMERS):
-        if PERSISTENT:  # a fresh barrier counts as having completed phase 1
-            mbarrier.wait(q_empty.index(half), (it & 1) ^ 1)
+        if PERSISTENT:
+            _announce(items, bars, w, it, half)
         mbarrier.expect(q_bar.index(half), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(
             desc_q, [b, h, start_m + half * BLOCK_M, 0], q_bar.index(half), q_smem.index(half)
@@ -80,16 +91,26 @@ def _load_partition(
     loads, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """The producer: the program's work item, or with ``PERSISTENT`` each of its items in turn, their K/V
-    tiles through one ring. ``loads = (desc_q, desc_k, desc_v, smem, bars, where)`` with ``where`` as
+    """The producer: the program's work item, or with ``PERSISTENT`` each item it claims in turn, their K/V
+    tiles through one ring. A persistent program starts with item ``program_id`` and claims the next one
+    (``G`` plus a count from the ``claims`` counter) once it has issued the last loads of the current one,
+    so items start in index order on whichever SM frees up first; an index past the last tells the
+    consumers to stop. ``loads = (desc_q, desc_k, desc_v, smem, bars, where, claims)`` with ``where`` as
     :func:`_consumer` takes it."""
     n_items = loads[5][0]
     if PERSISTENT:
+        w = gl.program_id(0)
+        it = 0
         base = 0
-        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            base = _load_item(loads, w, base, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, True)
+        while w < n_items:
+            base = _load_item(loads, w, it, base, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, True)
+            w = gl.num_programs(0) + gl.atomic_add(loads[6], 1)
+            it += 1
+        for half in gl.static_range(CONSUMERS):
+            _announce(loads[3][4], loads[4], w, it, half)
+            mbarrier.arrive(loads[4][0].index(half), count=1)
     else:
-        _load_item(loads, gl.program_id(0), 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, False)
+        _load_item(loads, gl.program_id(0), 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, False)
 
 
 @gluon.jit
@@ -236,12 +257,13 @@ def _consumer_item(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
     OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """One warpgroup's ``BLOCK_M`` query rows (part ``HALF``) of work item ``w`` over the item's key tiles
-    (the program's from ``base`` on); return ``base`` for the next item. ``part`` as :func:`_consumer`."""
+    """One warpgroup's ``BLOCK_M`` query rows (part ``HALF``) of work item ``w``, whose rows have landed,
+    over the item's key tiles (the program's from ``base`` on); return ``base`` for the next item. ``part``
+    as :func:`_consumer`."""
     out, smem, bars, where = part
     desc_o, LSE = out
     _, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale = where
-    q_smem, k_smem, v_smem, o_smem = smem
+    q_smem, k_smem, v_smem, o_smem, _ = smem
     q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
@@ -267,11 +289,6 @@ def _consumer_item(
     mask = (lo, mask_until, mask_from, offs_m, seq_k, lo_off, hi_off, qk_scale)
     ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn)
     q = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
-    if PERSISTENT:  # the program's it-th item
-        it = (w - gl.program_id(0)) // gl.num_programs(0)
-        mbarrier.wait(q_bar.index(HALF), it & 1)
-    else:
-        mbarrier.wait(q_bar.index(HALF), 0)
     if OVERLAP:
         acc, row_max, row_sum = _overlapped(
             q, ring, state, mask, n_kv, base, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, WINDOW, s_layout,
@@ -308,12 +325,22 @@ def _consumer(
     (n_items, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale)``: query ``i`` sees key ``n`` iff ``i
     + lo_off <= n`` (``WINDOW``) and ``n <= i + hi_off`` (``CAUSAL or WINDOW``)."""
     n_items = part[3][0]
-    if PERSISTENT:
+    q_bar = part[2][0]
+    if PERSISTENT:  # each item the load warp announces, until an index past the last
+        items = part[1][4].index(HALF)
+        index_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        mbarrier.wait(q_bar.index(HALF), 0)
+        w = gl.max(items.load(index_layout), 0)
+        it = 0
         base = 0
-        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        while w < n_items:
             base = _consumer_item(part, w, base, HALF, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW,
                                   OVERLAP, PINGPONG, CONSUMERS, True)  # fmt: skip
+            it += 1
+            mbarrier.wait(q_bar.index(HALF), it & 1)
+            w = gl.max(items.load(index_layout), 0)
     else:
+        mbarrier.wait(q_bar.index(HALF), 0)
         _consumer_item(part, gl.program_id(0), 0, HALF, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW,
                        OVERLAP, PINGPONG, CONSUMERS, False)  # fmt: skip
     tma.store_wait(0)
@@ -341,17 +368,18 @@ def _third_consumer(
 
 @gluon.jit(do_not_specialize=["n_items", "n_heads", "group", "seq_q", "seq_k", "left", "right"])
 def gluon_fwd_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE, n_items, n_heads, group, seq_q, seq_k, left, right, qk_scale,
+    desc_q, desc_k, desc_v, desc_o, LSE, claims, n_items, n_heads, group, seq_q, seq_k, left, right, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """Program ``w`` takes work items ``w, w + G, ...`` of the ``n_items`` (``G`` programs; one item each
-    unless ``PERSISTENT``), each ``CONSUMERS * BLOCK_M`` query rows of one (batch, head) (one consumer
-    warpgroup each, 1 to 3), heaviest (last) tile first within each (batch, head); ``OVERLAP`` pipelines the
-    key loop inside a warpgroup and ``PINGPONG`` (two consumers, overlapped, one item) makes the two take
-    turns to issue their products. ``PERSISTENT`` stages outputs in tiles of their own, so the next item's
-    rows load while the last item's output is written. ``WINDOW``: query ``i`` sees keys ``i + shift - left
+    """Program ``w`` takes work item ``w`` of the ``n_items`` (``PERSISTENT``: ``G`` programs, one an SM,
+    each claiming the next unstarted item from the zeroed int32 counter ``claims`` when it is nearly done
+    with one), each ``CONSUMERS * BLOCK_M`` query rows of one (batch, head) (one consumer warpgroup each, 1
+    to 3), heaviest (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a
+    warpgroup and ``PINGPONG`` (two consumers, overlapped, one item) makes the two take turns to issue their
+    products. ``PERSISTENT`` stages outputs in tiles of their own, so the next item's rows load while the
+    last item's output is written. ``WINDOW``: query ``i`` sees keys ``i + shift - left
     ... i + shift + right`` (``shift = seq_k - seq_q``, ``right >= -shift``, so every query sees a key;
     ``right`` is 0 when ``CAUSAL``); a program walks only the key tiles its rows see."""
     gl.static_assert(not PINGPONG or (CONSUMERS == 2 and OVERLAP), "PINGPONG needs two overlapped consumers")
@@ -365,10 +393,13 @@ def gluon_fwd_kernel(
     # one item a program: each consumer stages its output in its own query slot, free once its last Q K^T
     # has completed (o has q's dtype and block, so the same layout): the 32 KB at d 128 that let a third
     # K/V slot fit; persistent, the next item's rows load into that slot while the output is written
+    # and the load warp hands each consumer its next item's index in ``items``
     if PERSISTENT:
         o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], desc_o.layout)
+        items = gl.allocate_shared_memory(gl.int32, [CONSUMERS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         o_smem = q_smem
+        items = q_smem  # not read
     q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(CONSUMERS):
@@ -379,11 +410,11 @@ def gluon_fwd_kernel(
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
 
-    smem = (q_smem, k_smem, v_smem, o_smem)
+    smem = (q_smem, k_smem, v_smem, o_smem, items)
     bars = (q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn)
     where = (n_items, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale)
     part = ((desc_o, LSE), smem, bars, where)
-    loads = (desc_q, desc_k, desc_v, smem, bars, where)
+    loads = (desc_q, desc_k, desc_v, smem, bars, where, claims)
     # workers: the other consumers (4 warps each) and the loader (1 warp, 24 registers); the default partition
     # (the first consumer) gets the rest of maxnreg's budget: 240 with two consumers, 168 with three
     if CONSUMERS == 3:

@@ -204,9 +204,10 @@ def gluon_forward(
     t = configs_for(head_dim).gluon
     n_items = triton.cdiv(seq_q, t.consumers * t.block_m) * batch * heads
     programs = _n_programs(n_items, t, q.device)
+    claims = torch.zeros(1, dtype=torch.int32, device=q.device) if t.persistent else lse  # lse: not read
     gluon_fwd_kernel[(programs,)](
         gluon_descriptor(q, t.block_m), gluon_descriptor(k, t.block_n), gluon_descriptor(v, t.block_n),
-        gluon_descriptor(o, t.block_m), lse, n_items, heads, heads // heads_k, seq_q, seq_k,
+        gluon_descriptor(o, t.block_m), lse, claims, n_items, heads, heads // heads_k, seq_q, seq_k,
         qk_scale=LOG2E / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
         STAGES=t.stages, CAUSAL=is_causal, CONSUMERS=t.consumers, OVERLAP=t.overlap, PINGPONG=t.pingpong,
         PERSISTENT=t.persistent, num_warps=4, maxnreg=t.maxnreg(), **band,
