@@ -24,12 +24,13 @@ VARIANTS = {
     "default": {},
     "no-overlap": {"overlap": False},
     "one-consumer": {"consumers": 1},
-    "pingpong": {"pingpong": True},
+    "pingpong": {"pingpong": True, "persistent": False},
     "stages-2": {"stages": 2},
     "stages-3": {"stages": 3},
     "three-consumers": {"consumers": 3},
     "three-consumers-64": {"consumers": 3, "block_n": 64},
     "persistent": {"persistent": True},
+    "one-item-a-program": {"persistent": False},
 }
 
 

@@ -100,12 +100,13 @@ class HopperConfigs(NamedTuple):
 # Keyed by head dim (bf16 and fp16 share entries). Chosen with `python -m flashattn.hopper_bench` on an H200
 # at (1, 32, S, 128), S = 8192 and 32768 (docs/flashattn.md, Hopper section); d 64 follows d 128's reasoning.
 # Gluon: two 64-row consumers and 128-key tiles; at d 128 two K/V slots fill 197 KB of the 227 KB of shared
-# memory (a third would not fit), at d 64 three take 132 KB.
+# memory (a third would not fit), at d 64 three take 132 KB. The persistent forward is 2-6% faster at d 64 in
+# every run (docs/flashattn.md, "claimed items"); at d 128 it measured faster or slower by machine, so not there.
 _CONFIGS: dict[int, HopperConfigs] = {
     128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
                        GluonTile(stages=2)),
     64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
-                      GluonTile(stages=3), gluon_dq=GluonDqTile(block_n=128, stages=2, overlap=False)),
+                      GluonTile(stages=3, persistent=True), gluon_dq=GluonDqTile(block_n=128, stages=2, overlap=False)),
 }  # fmt: skip
 _pin: Pin[HopperConfigs] = Pin()
 
