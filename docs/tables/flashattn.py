@@ -385,6 +385,66 @@ def hopper_multihead_8() -> str:
     return multihead_rows(HOPPER_MULTIHEAD_8, kernels=())
 
 
+HOPPER_MULTIHEAD_9 = [f"docs/data/flashattn-hopper-multihead-2026-12-02{r}.csv" for r in "bcd"]
+
+
+@block("flashattn.hopper-multihead-9")
+def hopper_multihead_9() -> str:
+    """Run 9 (2026-12-02 15:03-15:10 UTC, three runs of the whole list): the median TFLOP/s of each kernel set
+    and the median and range of the public path's speed against cuDNN over the runs."""
+    runs = pd.concat([pd.read_csv(ROOT / p) for p in HOPPER_MULTIHEAD_9])
+    keys = ["batch", "heads", "kv_heads", "seq", "head_dim", "causal", "pass"]
+    rate = {"cuDNN": "sdpa_cudnn TFLOP/s", "portable": "portable TFLOP/s", "public": "ours TFLOP/s"}
+    rows = []
+    for key, d in runs.groupby(keys, sort=False):
+        r = dict(zip(keys, key, strict=True))
+        first = r["pass"] == "fwd"
+        shape = f"{r['batch']}, {r['heads']}/{r['kv_heads']}, {r['seq']}, {r['head_dim']}" if first else ""
+        vs = d["sdpa_cudnn/ours"]
+        rows.append([shape, ("yes" if r["causal"] else "no") if first else "", r["pass"],
+                     *(num(d[c].median(), 0) for c in rate.values()), f"{vs.median():.2f}",
+                     f"{vs.min():.2f}-{vs.max():.2f}", f"{d['portable/ours'].median():.2f}"])  # fmt: skip
+    cols = ["shape (B, Hq/Hkv, S, d)", "causal", "pass", *rate, "public / cuDNN", "range",
+            "public / portable"]
+    return table(cols, rows, [False] * 3 + [True] * (len(cols) - 3))
+
+
+AB_SHAPES = {"d128": "1, 32/32, S, 128", "d64a": "4, 16/16, 4096, 64", "d64b": "2, 20/20, 8192, 64",
+             "gqa": "1, 32/8, 8192, 128"}  # fmt: skip
+
+
+def ab_rows(path: str, cells: list[tuple[str, str, str]]) -> str:
+    """Milliseconds of ``hopper_bench`` rows in one CSV of several runs (columns ``shape`` and ``run``, as
+    :data:`AB_SHAPES` names them): one row per (shape, length, causal), one cell per ``(run, pass, step)``
+    of ``cells``, headed ``step pass, run``."""
+    d = pd.read_csv(ROOT / path)
+    rows = []
+    for (shape, seq, causal), g in d.groupby(["shape", "seq", "causal"], sort=False):
+        got = {(r.run, r["pass"], r.step): r.ms for _, r in g.iterrows()}
+        rows.append([AB_SHAPES[shape].replace("S", str(seq)), "yes" if causal else "no",
+                     *(num(got.get(c, float("nan")), 3) for c in cells)])  # fmt: skip
+    cols = ["shape (B, Hq/Hkv, S, d)", "causal", *(f"{step} {pas}, {run}" for run, pas, step in cells)]
+    return table(cols, rows, [False, False] + [True] * len(cells))
+
+
+@block("flashattn.gluon-claims")
+def gluon_claims() -> str:
+    """Run s9a: the Gluon forward, one item a program (``gluon-default``) and persistent with claimed items
+    (``gluon-persistent``), against SDPA cuDNN, twice."""
+    steps = ("gluon-default", "gluon-persistent", "sdpa-cudnn")
+    return ab_rows("docs/data/flashattn-gluon-claims-2026-12-02.csv",
+                   [(run, "fwd", step) for step in steps for run in (1, 2)])  # fmt: skip
+
+
+@block("flashattn.gluon-grouped-order")
+def gluon_grouped_order() -> str:
+    """Run s9b: the three Gluon kernels in head groups (``new``) against head-major (``prev``), alternating
+    runs."""
+    cells = [("fwd", "gluon-default"), ("fwd", "gluon-persistent"), ("dq", "gbwd-default"),
+             ("dkdv", "gbwd-default")]  # fmt: skip
+    return ab_rows("docs/data/flashattn-gluon-grouped-order-2026-12-02.csv",
+                   [(run, pas, step) for pas, step in cells for run in ("prev1", "prev2", "new1", "new2")])
+
 
 GLUON_BACKWARD5 = "docs/data/flashattn-gluon-bwd5-2026-12-01-"
 GLUON_BACKWARD5_STEPS = [  # (run file, hopper_bench step, what it is)

@@ -60,9 +60,8 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
                      "OVERLAP": tile.overlap, "PINGPONG": tile.pingpong,
                      "PERSISTENT": tile.persistent}  # fmt: skip
         claims = "*i32" if tile.persistent else "*fp32"
-        return (gluon_fwd_kernel, descs, {"LSE": "*fp32", "claims": claims, "n_items": "i32"} | scalars | band,
-                constants,
-                tile.maxnreg())
+        types = {"LSE": "*fp32", "claims": claims, "n_items": "i32"} | scalars | band
+        return gluon_fwd_kernel, descs, types, constants, tile.maxnreg()
     scalars = {"LSE": "*fp32", "DELTA": "*fp32"} | scalars | {"sm_scale": "fp32"}
     if kernel == "dq":
         from flashattn.gluon_dq import gluon_dq_kernel

@@ -30,8 +30,8 @@ class GluonTile(NamedTuple):
     share ``block_n``-key K/V tiles held in ``stages`` shared-memory slots; ``overlap`` pipelines each
     warpgroup's key loop (the next ``Q K^T`` issued before the current softmax); ``pingpong`` makes two
     overlapped consumers take turns to issue their products; ``persistent``: one program per SM, each
-    taking every ``G``-th query tile, its outputs staged apart from its query rows so that the next tile's
-    load overlaps the last one's epilogue."""
+    claiming the next unstarted query tile from a counter, its outputs staged apart from its query rows so
+    that the next tile's load overlaps the last one's epilogue."""
 
     block_m: int = 64
     block_n: int = 128
@@ -101,12 +101,13 @@ class HopperConfigs(NamedTuple):
 # at (1, 32, S, 128), S = 8192 and 32768 (docs/flashattn.md, Hopper section); d 64 follows d 128's reasoning.
 # Gluon: two 64-row consumers and 128-key tiles; at d 128 two K/V slots fill 197 KB of the 227 KB of shared
 # memory (a third would not fit), at d 64 three take 132 KB. The persistent forward is 2-6% faster at d 64 in
-# every run (docs/flashattn.md, "claimed items"); at d 128 it measured faster or slower by machine, so not there.
+# every run (docs/flashattn.md, "Claimed items"); at d 128 it was faster or slower by machine, so not there.
 _CONFIGS: dict[int, HopperConfigs] = {
     128: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
                        GluonTile(stages=2)),
     64: HopperConfigs(HopperTile(128, 128, 8, 3), HopperTile(64, 128, 8, 3), HopperTile(128, 64, 8, 3),
-                      GluonTile(stages=3, persistent=True), gluon_dq=GluonDqTile(block_n=128, stages=2, overlap=False)),
+                      GluonTile(stages=3, persistent=True),
+                      gluon_dq=GluonDqTile(block_n=128, stages=2, overlap=False)),
 }  # fmt: skip
 _pin: Pin[HopperConfigs] = Pin()
 
