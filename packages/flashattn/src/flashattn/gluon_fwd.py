@@ -97,18 +97,20 @@ def _load_partition(
     so items start in index order on whichever SM frees up first; an index past the last tells the
     consumers to stop. ``loads = (desc_q, desc_k, desc_v, smem, bars, where, claims)`` with ``where`` as
     :func:`_consumer` takes it."""
-    n_items = loads[5][0]
+    _, _, _, smem, bars, where, claims = loads
+    n_items = where[0]
     if PERSISTENT:
         w = gl.program_id(0)
         it = 0
         base = 0
         while w < n_items:
             base = _load_item(loads, w, it, base, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, True)
-            w = gl.num_programs(0) + gl.atomic_add(loads[6], 1)
+            w = gl.num_programs(0) + gl.atomic_add(claims, 1)
             it += 1
-        for half in gl.static_range(CONSUMERS):
-            _announce(loads[3][4], loads[4], w, it, half)
-            mbarrier.arrive(loads[4][0].index(half), count=1)
+        q_bar, items = bars[0], smem[4]
+        for half in gl.static_range(CONSUMERS):  # no rows to load: the arrival alone publishes the index
+            _announce(items, bars, w, it, half)
+            mbarrier.arrive(q_bar.index(half), count=1)
     else:
         _load_item(loads, gl.program_id(0), 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, False)
 
@@ -324,10 +326,11 @@ def _consumer(
     ``part = (out, smem, bars, where)`` with ``out = (desc_o, LSE)``, ``smem = (q, k, v, o)`` and ``where =
     (n_items, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale)``: query ``i`` sees key ``n`` iff ``i
     + lo_off <= n`` (``WINDOW``) and ``n <= i + hi_off`` (``CAUSAL or WINDOW``)."""
-    n_items = part[3][0]
-    q_bar = part[2][0]
+    _, smem, bars, where = part
+    n_items = where[0]
+    q_bar = bars[0]
     if PERSISTENT:  # each item the load warp announces, until an index past the last
-        items = part[1][4].index(HALF)
+        items = smem[4].index(HALF)
         index_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         mbarrier.wait(q_bar.index(HALF), 0)
         w = gl.max(items.load(index_layout), 0)
