@@ -27,6 +27,7 @@ CASES = [  # batch, heads_q, heads_kv, seq_q, seq_k, head_dim, causal
     (1, 32, 8, 1000, 1000, 128, True),
     (1, 32, 4, 257, 1025, 64, True),
     (1, 32, 4, 1025, 97, 128, False),
+    (2, 6, 2, 1100, 1100, 128, True),  # causal GQA over two batches: dK/dV programs longest-first overall
 ]
 DTYPES = [torch.bfloat16, torch.float16]
 

@@ -259,17 +259,22 @@ def _consumer_worker(
 @gluon.jit
 def key_program(
     seq_q, seq_k, n_heads, group, lo_off, hi_off, KEYS: gl.constexpr, BLOCK_M: gl.constexpr,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DESCENDING: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DESCENDING: gl.constexpr, TILE_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """``(tile, start_n, b, hk, first_m, count)`` of program ``program_id(0)``, which owns ``KEYS`` keys of
     one (batch, K/V head): key tile ``tile`` of its head (ascending with the program id inside each head,
-    the most causal work first, or ``DESCENDING``), and the ``count`` query tiles from ``first_m`` on that
+    the most causal work first, or ``DESCENDING``; ``TILE_MAJOR``: the first key tile of every head, then
+    the second, and so on), and the ``count`` query tiles from ``first_m`` on that
     see any of its keys (query ``i`` sees key ``j`` iff ``j <= i + hi_off`` if ``CAUSAL or WINDOW``, and
     ``j >= i + lo_off`` if ``WINDOW``; a window can leave ``count`` at 0)."""
     n_tiles = gl.cdiv(seq_k, KEYS)
     w = gl.program_id(0)
-    bhk = w // n_tiles
-    tile = n_tiles - 1 - w % n_tiles if DESCENDING else w % n_tiles
+    if TILE_MAJOR:
+        n_bhk = gl.num_programs(0) // n_tiles
+        bhk, rank = w % n_bhk, w // n_bhk
+    else:
+        bhk, rank = w // n_tiles, w % n_tiles
+    tile = n_tiles - 1 - rank if DESCENDING else rank
     start_n = tile * KEYS
     n_kv_heads = n_heads // group
     if WINDOW:  # the queries from the first key's first to the last key's last
@@ -309,10 +314,11 @@ def gluon_dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, n_heads, group, seq_q, seq_k,
     left, right, qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr, TILE_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """Program ``w``: ``dK, dV`` of ``2 * BLOCK`` keys of one K/V head over its ``group`` query heads; within
-    each (batch, K/V head) the earliest keys (the most causal work) go first. All descriptors have
+    each (batch, K/V head) the earliest keys (the most causal work) go first, or with ``TILE_MAJOR`` the
+    earliest keys of every (batch, K/V head) first (longest-first overall). All descriptors have
     ``(1, 1, BLOCK, HEAD_DIM)`` blocks but ``desc_q, desc_do``'s, which have ``(1, 1, BLOCK_M, HEAD_DIM)``.
     ``WINDOW``: query ``i`` sees keys ``i + shift - left ... i + shift + right`` (``shift = seq_k - seq_q``;
     ``right`` is 0 when ``CAUSAL``)."""
@@ -320,7 +326,7 @@ def gluon_dkdv_kernel(
     lo_off = seq_k - seq_q - left
     hi_off = seq_k - seq_q + right
     _, start_n, b, hk, first_m, count = key_program(seq_q, seq_k, n_heads, group, lo_off, hi_off, 2 * BLOCK,
-                                                    BLOCK_M, CAUSAL, WINDOW, False)  # fmt: skip
+                                                    BLOCK_M, CAUSAL, WINDOW, False, TILE_MAJOR)  # fmt: skip
     k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar = allocate_operands(
         desc_q, desc_k, desc_v, desc_do, BLOCK, BLOCK_M, STAGES
     )

@@ -248,8 +248,9 @@ def gluon_dkdvdq_kernel(
     zeroed. Other arguments as :func:`flashattn.gluon_bwd.gluon_dkdv_kernel`'s."""
     gl.static_assert(BLOCK_M == 64, "BLOCK_M must be 64: S has a warpgroup's 4 x 16 rows, dQ one tile")
     # key tiles descending: a program waits only on lower ids
-    tile, start_n, b, hk, first_m, count = key_program(seq_q, seq_k, n_heads, group, 0, seq_k - seq_q,
-                                                       2 * BLOCK, BLOCK_M, CAUSAL, False, True)  # fmt: skip
+    tile, start_n, b, hk, first_m, count = key_program(
+        seq_q, seq_k, n_heads, group, 0, seq_k - seq_q, 2 * BLOCK, BLOCK_M, CAUSAL, False, True, False
+    )
     k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar = allocate_operands(
         desc_q, desc_k, desc_v, desc_do, BLOCK, BLOCK_M, STAGES
     )

@@ -82,7 +82,7 @@ def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: boo
     if kernel == "dkdv":
         from flashattn.gluon_bwd import gluon_dkdv_kernel
 
-        constants |= {"WINDOW": window, "OVERLAP": tile.overlap}
+        constants |= {"WINDOW": window, "OVERLAP": tile.overlap, "TILE_MAJOR": False}
         return gluon_dkdv_kernel, descs, scalars | band, constants, maxnreg
     from flashattn.gluon_bwd5 import gluon_dkdvdq_kernel
     from flashattn.hopper import dq_accumulator

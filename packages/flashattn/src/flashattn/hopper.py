@@ -339,7 +339,8 @@ def gluon_dkdv_pass(
         descriptor(do, g.block_m), descriptor(dk, g.block_n), descriptor(dv, g.block_n),
         lse, delta, heads, heads // heads_k, seq_q, seq_k, qk_scale=LOG2E / math.sqrt(head_dim),
         sm_scale=1.0 / math.sqrt(head_dim), HEAD_DIM=head_dim, BLOCK=g.block_n, BLOCK_M=g.block_m,
-        STAGES=g.stages, CAUSAL=is_causal, OVERLAP=g.overlap, num_warps=4,
+        STAGES=g.stages, CAUSAL=is_causal, OVERLAP=g.overlap,
+        TILE_MAJOR=g.gqa_tile_major and is_causal and heads_k < heads, num_warps=4,
         maxnreg=GluonTile(consumers=2).maxnreg(), **_band(q, k, is_causal, window),
     )  # fmt: skip
 

@@ -51,6 +51,7 @@ GLUON_BWD_STEPS = {  # name -> (dK/dV tile changes, dQ tile changes or None: the
     "triton-dq": ({}, None),
     "dq-no-overlap": ({}, {"overlap": False, "stages": 2}),
     "dq-keys-128": ({}, {"block_n": 128, "overlap": False, "stages": 2}),
+    "gqa-head-major": ({"gqa_tile_major": False}, {}),
 }
 
 GLUON_BWD5_STEPS = {  # name -> changes to the five-product Gluon kernel's tile

@@ -51,12 +51,15 @@ class GluonBwdTile(NamedTuple):
     """Launch shape of the Gluon dK/dV kernel: two consumer warpgroups of ``block_n`` keys each walk query
     tiles of ``block_m`` rows held in ``stages`` shared-memory slots; ``overlap`` issues the next tile's
     ``S^T, dP^T`` products before the current ``dV, dK`` ones (overlapped, a warpgroup holds two tiles, so
-    a third slot is needed to load ahead)."""
+    a third slot is needed to load ahead); ``gqa_tile_major``: causal GQA calls order the programs
+    longest-first over every (batch, K/V head), not head after head (few, long programs: the last heads'
+    heaviest ones would start late)."""
 
     block_n: int = 64
     block_m: int = 64
     stages: int = 3
     overlap: bool = True
+    gqa_tile_major: bool = True
 
 
 class GluonDqTile(NamedTuple):

@@ -5,7 +5,7 @@ on-disk cache (``TRITON_CACHE_DIR``) side by side, so the benchmarks and tests t
 Lengths, head counts and window sizes are not specialised on, so one tiny run per variant covers them all.
 Where the sm90 kernels of :mod:`flashattn.hopper` cover a variant, the Gluon forward and the Hopper and
 portable forwards and backwards are all built (:data:`SM90_KERNEL_SETS`: what the public path and the
-benchmark's columns run).
+benchmark's columns run), with as many K/V heads as query heads and with one (GQA).
 ``--suite`` adds the variants of the GPU tests and of ``flashattn.bench``'s feature table.
 
 Usage: ``python -m flashattn.precompile --head-dims 64 128 --dtypes bf16 fp32 --jobs 12``.
@@ -76,9 +76,10 @@ def _compile_one(job: tuple[Variant, tuple]) -> tuple[Variant, float, str]:
                 args = (cu, cu, 200, 200, variant.causal, variant.window)
                 FlashAttentionVarlenTriton.apply(q.requires_grad_(), k, v, *args).backward(do)
             elif triton_kernels(q, k, v, variant.causal, variant.window)[0] != "portable":
-                for forward, backward in kernel_sets:
+                grouped = (k[:, :1], v[:, :1])  # GQA: causal dK/dV programs go in another order
+                for (forward, backward), (k_, v_) in product(kernel_sets, ((k, v), grouped)):
                     with pinned_kernels(forward, backward):
-                        o = FlashAttention2Triton.apply(q.requires_grad_(), k, v, variant.causal, None)
+                        o = FlashAttention2Triton.apply(q.requires_grad_(), k_, v_, variant.causal, None)
                     o.backward(do)
             else:
                 o = FlashAttention2Triton.apply(q.requires_grad_(), k, v, variant.causal, variant.window)
