@@ -392,7 +392,20 @@ HOPPER_MULTIHEAD_9 = [f"docs/data/flashattn-hopper-multihead-2026-12-02{r}.csv" 
 def hopper_multihead_9() -> str:
     """Run 9 (2026-12-02 15:03-15:10 UTC, three runs of the whole list): the median TFLOP/s of each kernel set
     and the median and range of the public path's speed against cuDNN over the runs."""
-    runs = pd.concat([pd.read_csv(ROOT / p) for p in HOPPER_MULTIHEAD_9])
+    return multihead_medians(HOPPER_MULTIHEAD_9)
+
+
+@block("flashattn.hopper-multihead-10")
+def hopper_multihead_10() -> str:
+    """Run 10 (2026-12-02 about 20:50 UTC, two runs at 8192 with the GQA and d 64 rows): as run 9's block,
+    with the causal GQA dK/dV programs longest-first."""
+    return multihead_medians([f"docs/data/flashattn-hopper-multihead-2026-12-02{r}.csv" for r in "ef"])
+
+
+def multihead_medians(paths: list[str]) -> str:
+    """The median TFLOP/s of each kernel set over the runs of ``paths`` (``flashattn.bench`` CSVs) and the
+    median and range of the public path's speed against cuDNN."""
+    runs = pd.concat([pd.read_csv(ROOT / p) for p in paths])
     keys = ["batch", "heads", "kv_heads", "seq", "head_dim", "causal", "pass"]
     rate = {"cuDNN": "sdpa_cudnn TFLOP/s", "portable": "portable TFLOP/s", "public": "ours TFLOP/s"}
     rows = []
@@ -410,7 +423,7 @@ def hopper_multihead_9() -> str:
 
 
 AB_SHAPES = {"d128": "1, 32/32, S, 128", "d64a": "4, 16/16, 4096, 64", "d64b": "2, 20/20, 8192, 64",
-             "gqa": "1, 32/8, 8192, 128"}  # fmt: skip
+             "gqa": "1, 32/8, 8192, 128", "gqa-s": "1, 32/8, S, 128"}  # fmt: skip
 
 
 def ab_rows(path: str, cells: list[tuple[str, str, str]]) -> str:
@@ -445,6 +458,17 @@ def gluon_grouped_order() -> str:
     return ab_rows("docs/data/flashattn-gluon-grouped-order-2026-12-02.csv",
                    [(run, pas, step) for pas, step in cells for run in ("prev1", "prev2", "new1", "new2")])
 
+
+
+@block("flashattn.gluon-gqa-order")
+def gluon_gqa_order() -> str:
+    """Run s10a: the Gluon backward at (1, 32/8, S, 128) causal with the dK/dV programs longest-first over
+    every K/V head (``gbwd-default``) and head after head (``gbwd-gqa-head-major``), two runs in opposite
+    step order, against SDPA cuDNN."""
+    cells = [("bwd", "sdpa-cudnn"), ("bwd", "gbwd-default"), ("bwd", "gbwd-gqa-head-major"),
+             ("dkdv", "gbwd-default"), ("dkdv", "gbwd-gqa-head-major")]  # fmt: skip
+    return ab_rows("docs/data/flashattn-gluon-gqa-order-2026-12-02.csv",
+                   [(run, pas, step) for pas, step in cells for run in (1, 2)])
 
 GLUON_BACKWARD5 = "docs/data/flashattn-gluon-bwd5-2026-12-01-"
 GLUON_BACKWARD5_STEPS = [  # (run file, hopper_bench step, what it is)
