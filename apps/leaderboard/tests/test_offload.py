@@ -127,7 +127,12 @@ def test_offload_beside_recomputation_and_bad_indices():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_offload_frees_device_memory_and_keeps_gradients():
     """On a GPU: the offloaded blocks' activations leave the device during forward, the gradients match
-    those without offload (same kernels in the same order), and nothing stays allocated afterwards."""
+    those without offload (same kernels in the same order), and nothing stays allocated afterwards.
+
+    What outlives the step is read once the loss (its graph) and the device gradients are gone, so it must
+    be exactly 0 bytes: the caching allocator counts a gradient in the block it landed in, which can be up
+    to 1 MiB larger than the gradient (it does not split off a smaller remainder), so comparing the bytes
+    held with the gradients' own sizes measured that rounding (0.25-1.9 MB an offloaded step on an H200)."""
     torch.manual_seed(0)
     cfg = get_preset("tiny").with_(d_model=512, d_ff=1376, num_heads=8, num_layers=6, context_length=2048)
     model = build_model(cfg, device="cuda")
@@ -140,7 +145,8 @@ def test_cuda_offload_frees_device_memory_and_keeps_gradients():
         torch.cuda.synchronize()
         torch.empty(1, device="cuda")  # lets the allocator retire blocks whose side-stream copies are done
         held = torch.cuda.memory_allocated() - before
-        grads = torch.autograd.grad(loss, list(model.parameters()))
+        grads = [g.cpu() for g in torch.autograd.grad(loss, list(model.parameters()))]
+        del loss
         torch.cuda.synchronize()
         return held, grads, torch.cuda.memory_allocated() - before
 
@@ -152,8 +158,7 @@ def test_cuda_offload_frees_device_memory_and_keeps_gradients():
         torch.testing.assert_close(g, w)
     assert offloader.bytes_offloaded > 0.3 * held_plain
     assert held_offload < held_plain - 0.8 * offloader.bytes_offloaded
-    grad_bytes = sum(g.numel() * g.element_size() for g in got)
-    assert left <= grad_bytes + (1 << 20)  # only the gradients outlive the step
+    assert left == 0, f"{left} bytes stay allocated on the device after an offloaded step"
 
 
 @pytest.mark.parametrize(
