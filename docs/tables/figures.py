@@ -16,7 +16,7 @@ from .fmt import ROOT
 
 SWEEPS = {"bf16": "docs/data/flashattn-sweep.csv", "fp32": "docs/data/flashattn-sweep-fp32-2026-11-29c.csv"}
 NAIVE = "docs/data/flashattn-pytorch-attention-2026-11-29b.csv"
-HOPPER = "docs/data/flashattn-hopper-multihead-2026-12-02a.csv"  # run 8: every length, the kernels now
+HOPPER = "docs/data/flashattn-hopper-multihead-2026-12-04.csv"  # run 11: every length, the final kernels
 HOPPER_LINES = {"ours": "public (Gluon forward and backward)", "sdpa_cudnn": "SDPA cuDNN",
                 "sdpa_flash": "SDPA flash", "portable": "portable Triton"}  # fmt: skip
 PASSES = ("fwd", "bwd", "fwd+bwd")

@@ -402,6 +402,13 @@ def hopper_multihead_10() -> str:
     return multihead_medians([f"docs/data/flashattn-hopper-multihead-2026-12-02{r}.csv" for r in "ef"])
 
 
+@block("flashattn.hopper-multihead-11")
+def hopper_multihead_11() -> str:
+    """Run 11 (2026-12-04 20:09 UTC, one run of the whole list): the kernels as they stand at the end of the
+    sm90 work, after every GPU test of the package passed in the same call."""
+    return multihead_medians(["docs/data/flashattn-hopper-multihead-2026-12-04.csv"])
+
+
 def multihead_medians(paths: list[str]) -> str:
     """The median TFLOP/s of each kernel set over the runs of ``paths`` (``flashattn.bench`` CSVs) and the
     median and range of the public path's speed against cuDNN."""
