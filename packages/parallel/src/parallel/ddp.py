@@ -10,7 +10,8 @@ Four strategies, from the simplest to the fastest; all share one interface::
 - ``NaiveDDP``: after backward, one blocking all-reduce per gradient. No overlap, many small calls.
 - ``FlatDDP``: after backward, every gradient copied into one flat buffer, one all-reduce, copied back.
 - ``DDP``: a post-accumulate-grad hook launches an asynchronous all-reduce of each gradient as soon as
-  backward has produced it, overlapping communication with the rest of backward.
+  backward has produced it (and every gradient before it in the launch order, see ``BucketedDDP``: it is
+  ``BucketedDDP`` with one parameter per bucket), overlapping communication with the rest of backward.
 - ``BucketedDDP``: parameters are grouped into buckets of ``bucket_size_mb`` in the order backward produces
   their gradients (first guessed as reverse registration order, then, once, the order the first synchronized
   backward actually produced them); each bucket is all-reduced asynchronously once all its gradients are
@@ -27,13 +28,23 @@ autocast communicate fp32 gradients); ``no_sync()`` makes backward passes only a
 next synchronized step averages the accumulated sum; ``.module`` is the wrapped model, so parameter names
 carry the ``module.`` prefix and keep its order, as with ``torch.nn.parallel.DistributedDataParallel``.
 
-Limits: one process per device in the default process group (NCCL needs CUDA parameters). Collectives
-are matched by order, so every rank must produce gradients for the same parameters in each step (torch's
-``find_unused_parameters=False``); a parameter that gets no gradient in a step keeps its ``.grad`` as it
-was. Calling backward twice outside ``no_sync()`` before ``finish_gradient_synchronization()`` is an
-error. In ``BucketedDDP`` a shared bucket receives a gradient that autograd put elsewhere (the first after
-an optimizer's ``zero_grad(set_to_none=True)``) by one copy; ``BucketedDDP.zero_grad()`` avoids it (shared
-buffers zeroed in place, lone gradients set to None). The buckets are rebuilt once, after the first
+Missing gradients. Collectives are matched by order, so every rank must produce gradients for the same
+parameters between two synchronizations. ``finish_gradient_synchronization()`` first checks that they did
+(one all-gather of a few bytes per parameter in a gloo group of its own, ``parallel.grad_presence``), also
+that the module gained no trainable parameter after wrapping (it would be neither broadcast nor averaged),
+and raises ``RuntimeError`` on every rank naming the parameters and ranks otherwise, never hanging: the
+hook-driven wrappers launch gradients strictly in a launch order shared by all ranks, so a rank without a
+gradient stops launching at it, and on a disagreement each rank first launches (zeros where it has no
+gradient) what the others already launched, so that every collective in flight completes. A parameter that
+gets no gradient on any rank is fine, as with torch's ``find_unused_parameters=True`` (but without its graph
+walk): it is not reduced and keeps its ``.grad`` as it was, in every wrapper. Unlike torch, which averages
+zeros in for the ranks without the gradient, a gradient missing on some ranks only is an error.
+
+Limits: one process per device in the default process group (NCCL needs CUDA parameters). Calling backward
+twice outside ``no_sync()`` before ``finish_gradient_synchronization()`` is an error. In ``BucketedDDP`` a
+shared bucket receives a gradient that autograd put elsewhere (the first after an optimizer's
+``zero_grad(set_to_none=True)``) by one copy; ``BucketedDDP.zero_grad()`` avoids it (shared buffers zeroed
+in place, lone gradients set to None). The buckets are rebuilt once, after the first
 synchronized step, from rank 0's observed gradient order (broadcast, so every rank builds the same
 buckets; the rebuild briefly holds the gradients twice); a model whose backward order changes from step
 to step overlaps less.
@@ -55,6 +66,7 @@ from torch import Tensor, nn
 
 from parallel.consistency import check_same_model
 from parallel.grad_norm import clip_replicated_
+from parallel.grad_presence import GradPresence
 
 __all__ = ["DDP", "BucketedDDP", "FlatDDP", "NaiveDDP", "broadcast_module_state"]
 
@@ -103,6 +115,8 @@ class _DataParallel(nn.Module, abc.ABC):
         # module.parameters() yields a tied parameter once, in registration order.
         self._params: list[nn.Parameter] = [p for p in module.parameters() if p.requires_grad]
         broadcast_module_state(module)
+        self._presence = GradPresence(type(self).__name__, module, self._params, prefix="module.")
+        self._register_grad_ready_hooks()
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -121,6 +135,18 @@ class _DataParallel(nn.Module, abc.ABC):
 
         handles = [p.register_post_accumulate_grad_hook(hook) for p in self._params]
         weakref.finalize(self, _remove_all, handles)
+
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        self._presence.mark(param)
+
+    def _agreed_gradients(self) -> list[nn.Parameter]:
+        """The parameters that got a gradient since the last synchronization, the same on every rank (one
+        small collective, see ``parallel.grad_presence``); raises ``RuntimeError`` naming the parameters and
+        ranks otherwise, on every rank."""
+        present, disagreement = self._presence.agree()
+        if disagreement is not None:
+            raise RuntimeError(disagreement.message)
+        return present
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -149,9 +175,8 @@ class NaiveDDP(_DataParallel):
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_enabled:
             return
-        for p in self._params:
-            if p.grad is not None:
-                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        for p in self._agreed_gradients():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
 
 
 class FlatDDP(_DataParallel):
@@ -161,35 +186,13 @@ class FlatDDP(_DataParallel):
         if not self._sync_enabled:
             return
         groups: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
-        for p in self._params:
-            if p.grad is not None:
-                groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+        for p in self._agreed_gradients():
+            groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
         for grads in groups.values():
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.AVG)
             chunks = flat.split([g.numel() for g in grads])
             torch._foreach_copy_(grads, [chunk.view_as(g) for chunk, g in zip(chunks, grads, strict=True)])
-
-
-class DDP(_DataParallel):
-    """Asynchronous all-reduce of each gradient as soon as backward has accumulated it."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__(module)
-        self._pending: dict[nn.Parameter, dist.Work] = {}
-        self._register_grad_ready_hooks()
-
-    def _on_grad_ready(self, param: nn.Parameter) -> None:
-        if not self._sync_enabled:
-            return
-        if param in self._pending:
-            raise RuntimeError(_READY_TWICE)
-        self._pending[param] = dist.all_reduce(param.grad, op=dist.ReduceOp.AVG, async_op=True)
-
-    def finish_gradient_synchronization(self) -> None:
-        for work in self._pending.values():
-            work.wait()
-        self._pending.clear()
 
 
 @dataclass
@@ -236,7 +239,6 @@ class BucketedDDP(_DataParallel):
         self.bucket_size_mb = bucket_size_mb
         self._set_buckets(list(reversed(self._params)))
         self._observed: list[nn.Parameter] | None = []  # gradient order of the first synchronized backward
-        self._register_grad_ready_hooks()
 
     def _set_buckets(self, order: list[nn.Parameter]) -> None:
         self._buckets = self._build_buckets(order, int(self.bucket_size_mb * 2**20))
@@ -300,6 +302,7 @@ class BucketedDDP(_DataParallel):
         return buckets
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
+        self._presence.mark(param)
         b, i = self._slot[param]
         bucket = self._buckets[b]
         if self._sync_enabled and i in bucket.ready:
@@ -320,34 +323,50 @@ class BucketedDDP(_DataParallel):
 
     @staticmethod
     def _launch(bucket: _Bucket) -> None:
-        tensor = bucket.buffer if bucket.buffer is not None else bucket.params[0].grad
+        p = bucket.params[0]
+        tensor = bucket.buffer if bucket.buffer is not None else p.grad if p.grad is not None else \
+            torch.zeros_like(p)  # a rank without this gradient pairs zeros with the others' (see below)
         bucket.work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=True)
 
-    def finish_gradient_synchronization(self) -> None:
-        if not self._sync_enabled or not any(bucket.ready for bucket in self._buckets):
-            return
-        for bucket in self._buckets[self._next_launch:]:
-            # Parameters without a gradient this step keep theirs: a lone one is not reduced; in a shared
-            # buffer its slot holds its current value (equal on every rank after earlier steps) or zeros,
-            # which averages back to itself.
-            if bucket.buffer is None:
-                if bucket.ready:
-                    self._launch(bucket)
+    def _launch_up_to(self, stop: int, present: set[nn.Parameter] | None) -> None:
+        """Launch the buckets from the next unlaunched one up to ``stop`` (exclusive), in order.
+
+        With ``present`` (the parameters that got a gradient, the same on every rank) only buckets holding one
+        of them; otherwise every bucket, so that this rank's collectives pair with those that other ranks
+        already launched. Parameters without a gradient keep theirs: a lone one is not reduced; in a shared
+        buffer its slot holds its current value (equal on every rank after earlier steps) or zeros.
+        """
+        for bucket in self._buckets[self._next_launch:stop]:
+            if present is not None and not any(p in present for p in bucket.params):
                 continue
-            for i, (p, view) in enumerate(zip(bucket.params, bucket.views, strict=True)):
+            for i, (p, view) in enumerate(zip(bucket.params, bucket.views, strict=False)):  # none if lone
                 if i not in bucket.ready:
                     if p.grad is None:
                         view.zero_()
                     else:
                         _adopt_gradient(p, view)
             self._launch(bucket)
+        self._next_launch = max(self._next_launch, stop)
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled:
+            return
+        present, disagreement = self._presence.agree(launched=self._next_launch)
+        # Buckets launch strictly in order, so every rank has launched a prefix of the same list: on a
+        # disagreement the ranks first launch up to the longest prefix, so that no collective is left waiting.
+        stop = len(self._buckets) if disagreement is None else disagreement.most_launched
+        self._launch_up_to(stop, None if disagreement is not None else set(present))
         for bucket in self._buckets:
             if bucket.work is not None:
                 bucket.work.wait()
             bucket.work = None
             bucket.ready.clear()
         self._next_launch = 0
-        if self._observed is not None:
+        if disagreement is not None:
+            if self._observed is not None:
+                self._observed = []
+            raise RuntimeError(disagreement.message)
+        if self._observed is not None and present:
             self._rebuild_in_observed_order()
 
     def _rebuild_in_observed_order(self) -> None:
@@ -362,3 +381,13 @@ class BucketedDDP(_DataParallel):
         order += [p for bucket in self._buckets for p in bucket.params if p in missing]
         if [id(p) for p in order] != [id(p) for bucket in self._buckets for p in bucket.params]:
             self._set_buckets(order)
+
+
+class DDP(BucketedDDP):
+    """Each gradient all-reduced on its own, asynchronously, as soon as backward has accumulated it and every
+    gradient before it in the launch order has been launched: ``BucketedDDP`` with one parameter per bucket,
+    so no gradient is copied. The launch order is reverse registration order, then, after the first
+    synchronized step, the order that step produced the gradients in (see the module docstring)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module, bucket_size_mb=2**-20)  # a 1-byte cap: every parameter closes its own bucket
