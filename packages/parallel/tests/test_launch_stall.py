@@ -1,0 +1,114 @@
+"""Stall timeouts: a run whose ranks stop reporting progress ends within seconds, naming the rank that stopped
+and its last phase, under ``spawn``, our ``torchrun`` and a ``torchrun`` started from the shell; a healthy run
+longer than the stall timeout finishes; rank results that could run code when loaded are refused."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from parallel import heartbeat
+from parallel.launch import WorkerError, spawn, torchrun
+
+STOPPED = r"rank 1 on \S+ stopped answering \(stopped or hung\), last phase 'step 3'"
+
+
+def _steps(rank, world_size, steps, seconds, stop_rank_at):
+    """``steps`` steps of ``seconds`` each with an all-reduce; rank 1 stops itself (SIGSTOP) entering step
+    ``stop_rank_at``."""
+    total = torch.zeros(1)
+    for step in range(1, steps + 1):
+        heartbeat.beat(f"step {step}")
+        if rank == 1 and step == stop_rank_at:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(seconds)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        total += t
+    return float(total.item())
+
+
+@pytest.mark.timeout(60)
+def test_spawn_names_the_stopped_rank_and_its_phase():
+    started = time.monotonic()
+    with pytest.raises(heartbeat.StallError, match=STOPPED) as stall:
+        spawn(_steps, 2, 20, 0.01, 3, timeout=None, stall_timeout=2)
+    assert time.monotonic() - started < 20
+    assert "no rank of 2 reported progress for 2 s" in str(stall.value)
+    assert "rank 0 on" in str(stall.value) and "still answering" in str(stall.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_healthy_run_longer_than_the_stall_timeout_finishes():
+    assert spawn(_steps, 2, 12, 0.3, 0, timeout=None, stall_timeout=1.5) == [24.0, 24.0]
+
+
+@pytest.mark.timeout(90)
+def test_torchrun_names_the_stopped_rank_and_its_phase():
+    with pytest.raises(heartbeat.StallError, match=STOPPED):
+        torchrun(_steps, 2, 20, 0.01, 3, stall_timeout=2)
+
+
+_UNDER_TORCHRUN = """
+import os, signal, sys, torch, torch.distributed as dist
+from parallel import heartbeat
+from parallel.launch import init_from_env
+rank, world_size, _ = init_from_env("gloo")
+with heartbeat.watched(rank, world_size, stall_timeout=2):
+    for step in range(1, 1000):
+        heartbeat.beat(f"step {step}")
+        if rank == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        dist.all_reduce(torch.ones(1))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_from_the_shell_names_the_stopped_rank(tmp_path):
+    """Every rank watches the others through torchrun's store; the first to see the stall ends the run."""
+    script = tmp_path / "stalls.py"
+    script.write_text(textwrap.dedent(_UNDER_TORCHRUN))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=100)
+    assert done.returncode != 0
+    assert time.monotonic() - started < 60
+    output = done.stdout + done.stderr
+    assert "StallError: no rank of 2 reported progress for 2 s" in output, output[-3000:]
+    assert "rank 1 on" in output and "stopped answering" in output and "'step 3'" in output
+
+
+class _Opaque:
+    pass
+
+
+def _returns_opaque(rank, world_size):
+    return {"value": _Opaque()}
+
+
+@pytest.mark.timeout(60)
+def test_results_that_could_run_code_when_loaded_are_refused():
+    with pytest.raises(WorkerError, match=r"rank 0 of 2 failed(.|\n)*returned a dict that the launcher cannot"):
+        spawn(_returns_opaque, 2, timeout=40)
+
+
+def _returns_plain(rank, world_size):
+    import numpy as np
+
+    return {"tensor": torch.arange(3), "array": np.arange(2), "scalar": np.float64(rank), "t": (1, "a", None)}
+
+
+def test_plain_results_come_back():
+    got = spawn(_returns_plain, 2, timeout=40)
+    assert [float(r["scalar"]) for r in got] == [0.0, 1.0] and got[1]["t"] == (1, "a", None)
+    assert torch.equal(got[0]["tensor"], torch.arange(3)) and list(got[0]["array"]) == [0, 1]
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError, match="stall_timeout must be a number of seconds > 0 or None, got 0"):
+        spawn(_returns_plain, 2, stall_timeout=0)
