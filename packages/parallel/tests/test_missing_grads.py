@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from parallel import DDP, BucketedDDP, FlatDDP, NaiveDDP
+from parallel import DDP, FSDP, BucketedDDP, FlatDDP, NaiveDDP, ShardedOptimizer
 from parallel.launch import spawn
 from torch import nn
 
@@ -31,10 +31,10 @@ class Branchy(nn.Module):
         self.gain = nn.Parameter(torch.ones(WIDTH))
         self.head = nn.Linear(WIDTH, 3)
 
-    def forward(self, x, use_branch=True):
+    def forward(self, x, use_branch=True, use_gain=True):
         x = torch.tanh(self.trunk(x))
         if use_branch:
-            x = x + self.branch(x) * self.gain
+            x = x + self.branch(x) * (self.gain if use_gain else 1.0)
         return self.head(x)
 
 
@@ -43,9 +43,9 @@ def _build(seed=0):
     return Branchy().double()
 
 
-def _step(model, use_branch, seed):
+def _step(model, use_branch, seed, use_gain=True):
     x = torch.randn(5, WIDTH, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    model(x, use_branch).square().sum().backward()
+    model(x.to(next(model.parameters()).dtype), use_branch, use_gain).square().sum().backward()
 
 
 def _clear_grads(model):
@@ -124,3 +124,54 @@ def test_ddp_family_names_a_gradient_missing_on_some_ranks():
 
 def test_ddp_family_names_parameters_added_after_wrapping():
     spawn(_added_after_wrapping, 2, timeout=120)
+
+
+def _fsdp(rank, world_size):
+    # The branch (a sharded unit) on rank 0 only: named before the mismatched gather is issued.
+    model = FSDP(_build().float())
+    _raises_naming(lambda: _step(model, use_branch=rank == 0, seed=rank),
+                   "rank 0 would gather unit 1 ('branch.weight', 'branch.bias') for its forward",
+                   "rank 1 would gather unit 2 ('head.weight', 'head.bias')")
+    # Nothing was issued out of step: the next step averages the ranks' gradients.
+    _step(model, use_branch=True, seed=10 + rank)
+    model.finish_gradient_synchronization()
+    reference = _build().float()
+    for seed in (10, 11):
+        _step(reference, use_branch=True, seed=seed)
+    got = model.gather_full_grads()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.grad / 2, msg=name)
+    # Unused on every rank is fine.
+    _clear_grads(model)
+    _step(model, use_branch=False, seed=20 + rank)
+    model.finish_gradient_synchronization()
+    assert model.module.gain.grad is None
+    # The replicated gain's gradient on rank 1 only.
+    _raises_naming(lambda: (_step(model, use_branch=True, use_gain=rank == 1, seed=30 + rank),
+                            model.finish_gradient_synchronization()),
+                   "rank 1 would all-reduce the gradient of 'gain'")
+    # A parameter added after wrapping.
+    model = FSDP(_build().float())
+    model.module.head.register_parameter("scale", nn.Parameter(torch.ones(())))
+    _step(model, use_branch=True, seed=rank)
+    _raises_naming(model.finish_gradient_synchronization, "added to the module after wrapping",
+                   "'head.scale'")
+
+
+def _sharded_optimizer(rank, world_size):
+    model = _build()
+    optimizer = ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    _step(model, use_branch=rank == 0, seed=rank)
+    _raises_naming(optimizer.step,
+                   "param_groups[0]['params'][0] (shape [11]) got one on rank 0, not on rank 1")
+    optimizer.zero_grad()
+    _step(model, use_branch=False, seed=rank)
+    optimizer.step()  # unused on every rank: fine
+
+
+def test_fsdp_names_a_unit_or_gradient_used_on_some_ranks_only():
+    spawn(_fsdp, 2, timeout=120)
+
+
+def test_sharded_optimizer_names_a_gradient_missing_on_some_ranks():
+    spawn(_sharded_optimizer, 2, timeout=60)

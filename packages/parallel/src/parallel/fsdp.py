@@ -55,9 +55,18 @@ over every shard (one all-reduce of a scalar) and the replicated gradients, and 
 Sharded checkpoints: ``parallel.checkpoint.save_sharded`` / ``load_sharded`` (every rank writes its slices of
 each parameter and of the optimizer state; loadable on any world size and into a plain module).
 
-Limits: one process per device in the default process group; every rank runs the same units in the same order
-(collectives are matched by order); the FSDP wrapper is the root module (``state_dict`` / ``load_state_dict``
-use the wrapped module's parameter names, full fp32 tensors on CPU) and the model is not moved after wrapping;
+Agreement. Collectives are matched by order, so every rank must run the same units in the same order and
+produce the same gradients. Before each gather, reduce-scatter and all-reduce the ranks compare what they are
+about to issue (``parallel.lockstep``: one 16-byte all-reduce in a gloo group, no device synchronization), and
+``finish_gradient_synchronization()`` checks that none has one left and that the module gained no trainable
+parameter after wrapping: a module run, or a gradient produced, on some ranks only raises ``RuntimeError`` on
+every rank naming the unit's parameters and what each rank was about to do, instead of a hang. A unit or
+replicated parameter that gets no gradient on any rank is fine: nothing is reduced, its gradient stays as it
+was.
+
+Limits: one process per device in the default process group; the FSDP wrapper is the root module
+(``state_dict`` / ``load_state_dict`` use the wrapped module's parameter names, full fp32 tensors on CPU) and
+the model is not moved after wrapping;
 replicated parameters stay fp32, so their modules must accept fp32 weights with ``compute_dtype`` inputs (the
 reference RMSNorm computes in fp32); modules owning parameters of a meta model need ``reset_parameters()``;
 buffers must not be on the meta device. A weight shared between units (tied embedding and LM head) belongs to
@@ -78,6 +87,8 @@ from parallel.fsdp_schedule import GatherSchedule
 from parallel.fsdp_state import FullState
 from parallel.fsdp_units import Unit, UnitLayout
 from parallel.grad_norm import clip_sharded_
+from parallel.grad_presence import GradPresence
+from parallel.lockstep import Lockstep
 
 __all__ = ["FSDP"]
 
@@ -154,6 +165,8 @@ class FSDP(UnitLayout, GatherSchedule, FullState, nn.Module):
         self._replicated = self._materialize_replicated(replicated, seed + len(groups))
         self._check_buffers()
         self._register_hooks()
+        self._lockstep = Lockstep("FSDP")
+        self._added = GradPresence("FSDP", module, self._replicated)  # finds parameters added after wrapping
 
         self._forward_order: list[Unit] = []
         self._plan: list[Unit] = []  # the previous forward's unit order
@@ -181,8 +194,10 @@ class FSDP(UnitLayout, GatherSchedule, FullState, nn.Module):
         """Queue the compute stream behind every reduce-scatter and all-reduce; free what is still gathered.
 
         Afterwards each shard's ``.grad`` (fp32, the shard's shape) holds its slice of the gradient averaged
-        over ranks, and each replicated parameter's ``.grad`` the average.
+        over ranks, and each replicated parameter's ``.grad`` the average. Raises ``RuntimeError`` on every
+        rank if a rank still has a collective to issue, or the module gained a parameter after wrapping.
         """
+        self._agree_on_finish()
         if self._comm_stream is not None:
             self._compute_stream.wait_stream(self._comm_stream)
         for unit in self._units:

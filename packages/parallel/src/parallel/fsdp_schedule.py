@@ -13,6 +13,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from parallel.fsdp_units import FREE, ISSUED, READY, Unit, Use
 
+# Kinds of collective: the high half of the code ranks compare before issuing one (see parallel.lockstep).
+_GATHER, _REDUCE_SCATTER, _ALL_REDUCE, _FINISH = 1, 2, 3, 4
+
 
 def _in_backward() -> bool:
     """True while the autograd engine runs a backward pass (e.g. a checkpointed forward being recomputed)."""
@@ -51,9 +54,39 @@ class GatherSchedule:
                 unit.full_param.register_post_accumulate_grad_hook(
                     lambda t, index=unit.index: this()._on_grad_ready(this()._units[index]))
         if self.world_size > 1:
-            for p in self._replicated:
+            for i, p in enumerate(self._replicated):
                 if p.requires_grad:
-                    p.register_post_accumulate_grad_hook(lambda t: this()._all_reduce_replicated(t))
+                    p.register_post_accumulate_grad_hook(lambda t, i=i: this()._all_reduce_replicated(t, i))
+
+    # ------------------------------------------------------------------------------------- agreement
+    def _name_of(self, original: Tensor) -> str:
+        return next(name for name, p in self._param_names if p is original)
+
+    def _unit_label(self, unit: Unit) -> str:
+        names = [repr(self._name_of(p)) for p in self._unit_originals[unit.index]]
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} parameters)" if len(names) > 3 else "")
+        return f"unit {unit.index} ({shown})"
+
+    def _agree(self, kind: int, index: int, describe) -> None:
+        """Every rank is about to issue the same collective (``kind``, ``index``), or all raise."""
+        try:
+            self._lockstep.agree(kind << 32 | index, describe)
+        except RuntimeError:
+            self._forward_order, self._plan, self._plan_ok = [], [], False  # the ranks' orders differ
+            raise
+
+    def _agree_on_finish(self) -> None:
+        """Every rank finishes the step with no collective left over, and none gained a trainable parameter
+        after wrapping (it would be neither sharded nor averaged), or all raise naming what differs."""
+        if self.world_size == 1:
+            return
+        added = self._added.added_parameters()
+        detail = f" with parameters added to the module after wrapping: {', '.join(map(repr, added))}"
+        self._agree(_FINISH, len(added), lambda: "finish the step" + (detail if added else ""))
+        if added:
+            raise RuntimeError(f"FSDP: trainable parameters were added to the module after wrapping (they "
+                               f"would be neither sharded nor averaged): {', '.join(map(repr, added))}; add "
+                               f"them before wrapping, or wrap the module again")
 
     # -------------------------------------------------------------------------------------- gathering
     def _side_stream(self):
@@ -66,6 +99,8 @@ class GatherSchedule:
     def _issue_gather(self, unit: Unit) -> None:
         if unit.state != FREE:
             return
+        self._agree(_GATHER, unit.index, lambda: f"gather {self._unit_label(unit)} for its "
+                    f"{'backward' if _in_backward() else 'forward'}")
         nbytes = unit.padded_numel * unit.full_data.element_size()
         with torch.cuda.stream(self._compute_stream) if self._compute_stream is not None else \
                 contextlib.nullcontext():
@@ -183,6 +218,8 @@ class GatherSchedule:
 
     @torch.no_grad()
     def _reduce_scatter(self, unit: Unit, grad: Tensor) -> None:
+        self._agree(_REDUCE_SCATTER, unit.index,
+                    lambda: f"reduce-scatter the gradient of {self._unit_label(unit)}")
         with self._side_stream():
             if self._comm_stream is not None:
                 grad.record_stream(self._comm_stream)
@@ -200,9 +237,11 @@ class GatherSchedule:
                 unit.shard.grad.add_(out)
 
     @torch.no_grad()
-    def _all_reduce_replicated(self, p: Tensor) -> None:
+    def _all_reduce_replicated(self, p: Tensor, index: int) -> None:
         if not self._sync_enabled:
             return
+        self._agree(_ALL_REDUCE, index, lambda: "all-reduce the gradient of "
+                    f"{self._name_of(self._replicated_originals[index])!r}")
         with self._side_stream():
             if self._nccl:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)

@@ -20,7 +20,7 @@ no rank reduces it, and its ``.grad`` stays as it was.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,13 +60,14 @@ def _listed(items: list[str]) -> str:
     return "; ".join(items[:_SHOWN]) + more
 
 
-def agree_on_presence(who: str, names: Sequence[str], got: Sequence[bool], launched: int = 0,
+def agree_on_presence(who: str, name_of: Callable[[int], str], got: Sequence[bool], launched: int = 0,
                       added: Sequence[str] = ()) -> Disagreement | None:
     """All-gather this rank's record (collective over ``check_group()``: call on every rank) and return None
     when every rank has the same ``got`` and none has ``added`` parameters, else the ``Disagreement``.
 
-    ``names[i]`` names the parameter whose presence is ``got[i]``; ``launched``: gradient collectives this
-    rank already issued this step; ``added``: names of trainable parameters the module gained after wrapping.
+    ``name_of(i)`` names the parameter whose presence is ``got[i]`` (called only to report a disagreement);
+    ``launched``: gradient collectives this rank already issued this step; ``added``: names of the trainable
+    parameters the module gained after wrapping.
     """
     world_size = dist.get_world_size()
     if world_size == 1:  # nothing to disagree with; an added parameter needs neither broadcast nor average
@@ -84,7 +85,7 @@ def agree_on_presence(who: str, names: Sequence[str], got: Sequence[bool], launc
     for i in differing:
         with_grad = presence[:, i].nonzero().flatten().tolist()
         without = [r for r in range(world_size) if r not in with_grad]
-        problems.append(f"{names[i]!r} got one on {_ranks(with_grad)}, not on {_ranks(without)}")
+        problems.append(f"{name_of(i)} got one on {_ranks(with_grad)}, not on {_ranks(without)}")
     message = ""
     if problems:
         message = (f"{who}: ranks disagree on which parameters got a gradient since the last synchronization "
@@ -142,5 +143,6 @@ class GradPresence:
         ranks disagree (collective: see ``agree_on_presence``). Clears the marks for the next step."""
         got = [bool(m) and p.grad is not None for m, p in zip(self._marks, self._params, strict=True)]
         self.reset()
-        disagreement = agree_on_presence(self.who, self._names, got, launched, self.added_parameters())
+        added = self.added_parameters()
+        disagreement = agree_on_presence(self.who, lambda i: repr(self._names[i]), got, launched, added)
         return [p for p, g in zip(self._params, got, strict=True) if g], disagreement

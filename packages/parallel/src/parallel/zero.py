@@ -32,7 +32,10 @@ Limits: every rank must build the optimizer with the same parameters in the same
 matched by order; checked at construction); the assignment is by whole parameters, so per-rank state (and the
 padding of the flat segments) is within one parameter of 1/N; a closure passed to ``step`` runs on every rank;
 in ``reduce_scatter`` mode a parameter without a gradient on every rank is not stepped (as in the unsharded
-optimizer) and one with a gradient on some ranks only counts zeros for the others.
+optimizer), and one with a gradient on some ranks only is an error: before reducing, the ranks all-gather
+which parameters have one (``parallel.grad_presence``, a few bytes per parameter) and all raise
+``RuntimeError`` naming the parameters (``param_groups[g]['params'][i]``) and the ranks. A gradient is what
+``.grad`` holds, so after ``zero_grad(set_to_none=False)`` a parameter unused on a rank counts as a zero one.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from torch import Tensor
 
 from parallel.consistency import check_same_model
 from parallel.grad_norm import clip_replicated_, clip_sharded_
+from parallel.grad_presence import agree_on_presence
 
 __all__ = ["ShardedOptimizer"]
 
@@ -210,6 +214,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def _reduce_scatter_gradients(self) -> None:
         """Give every owned parameter the average over ranks of its gradient (None if no rank had one)."""
+        labels = [(g, i, p) for g, grp in enumerate(self.param_groups) for i, p in enumerate(grp["params"])]
+        disagreement = agree_on_presence(
+            "ShardedOptimizer", lambda k: f"param_groups[{labels[k][0]}]['params'][{labels[k][1]}] (shape "
+            f"{list(labels[k][2].shape)})", [p.grad is not None for _, _, p in labels])
+        if disagreement is not None:
+            raise RuntimeError(disagreement.message)
         for flat in self._flat:
             send = torch.zeros_like(flat.buffer)
             for r, mine in enumerate(flat.owned):
