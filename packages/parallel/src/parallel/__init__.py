@@ -22,8 +22,13 @@ _HOME = {
     "spawn": "parallel.launch",
     "torchrun": "parallel.launch",
     "ShardedOptimizer": "parallel.zero",
+    "CheckpointError": "parallel.checkpoint_errors",
+    "CorruptCheckpointError": "parallel.checkpoint_errors",
+    "UnsafeCheckpointError": "parallel.checkpoint_errors",
     "load_sharded": "parallel.checkpoint",
+    "read_extra": "parallel.checkpoint",
     "save_sharded": "parallel.checkpoint",
+    "verify_sharded": "parallel.checkpoint",
 }
 
 __all__ = sorted(_HOME)

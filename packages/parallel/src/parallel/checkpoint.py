@@ -1,7 +1,9 @@
-"""Sharded checkpoints through ``torch.distributed.checkpoint``: every rank writes what it holds, in parallel.
+"""Sharded checkpoints through ``torch.distributed.checkpoint``: every rank writes what it holds, in parallel;
+every byte is checksummed, every tensor compared with its destination, and nothing in a checkpoint runs code.
 
     save_sharded("ckpt/step-1000", model, optimizer, extra={"step": 1000, "rng": torch.get_rng_state()})
     extra = load_sharded("ckpt/step-1000", model, optimizer)      # on any world size, into any wrapper
+    recipe = read_extra("ckpt/step-1000")["recipe"]                # extra alone, before building anything
 
 ``model`` is a ``parallel.FSDP``, a wrapper of the DDP family, or a plain ``nn.Module``; ``optimizer`` a
 ``torch.optim.Optimizer`` over its parameters or a ``parallel.ShardedOptimizer``. Nothing is gathered on one
@@ -9,169 +11,91 @@ rank: FSDP ranks write their slices of each parameter and of the optimizer state
 the state of the parameters it owns; tensors every rank holds (a DDP replica) are written once, the writes
 spread over the ranks by ``torch.distributed.checkpoint``'s de-duplication.
 
-Format (one folder, ``torch.distributed.checkpoint``'s files): every parameter and persistent buffer under
-``model/<name>`` flattened to 1-D (names of the wrapped module, without DDP's ``module.`` prefix; a tied
-weight under its first name); each optimizer-state tensor of a parameter's shape under ``optim/<name>/<key>``
-in the same flattened form, the other state entries (``step``) under ``optim/<name>/other``; hyper-parameters
-under ``optim/param_groups``; ``extra`` per rank under ``extra/rank<r>``. Because the key space is the model's
-own parameter names with global sizes, a checkpoint written on N ranks loads on M ranks (each reads only the
-chunks overlapping its slices), into another wrapper, or into a plain unsharded module.
+Format (one folder, ``torch.distributed.checkpoint``'s files plus ``manifest.json``): every parameter and
+persistent buffer under ``model/<name>`` flattened to 1-D (names of the wrapped module, without DDP's
+``module.`` prefix; a tied weight under its first name); each optimizer-state tensor of a parameter's shape
+under ``optim/<name>/<key>`` in the same flattened form, the other state entries (``step``) under
+``optim/<name>/other``; hyper-parameters under ``optim/param_groups``; ``extra`` per rank under
+``extra/rank<r>``. Because the key space is the model's own parameter names with global sizes, a checkpoint
+written on N ranks loads on M ranks (each reads only the chunks overlapping its slices), into another
+wrapper, or into a plain unsharded module. ``manifest.json`` (``checkpoint_manifest``) holds a CRC-32 of
+every stored item and of ``.metadata``, each file's size, the tensors' unflattened shapes and the
+optimizer's class and groups.
+
+Loading checks, before any tensor is read: the checksum of ``.metadata`` and every file's size (a truncated
+or missing file is named); keys, shapes and dtypes of every tensor, the optimizer's class, its groups'
+membership and hyper-parameter keys (``checkpoint_checks``; missing or unexpected keys are refused unless
+``strict=False``). While reading, every item's CRC-32 (``verify=False`` skips this). A checkpoint written
+before checksums existed loads with a warning that it cannot be verified. Every refusal is a
+``CheckpointError`` (``CorruptCheckpointError``, ``UnsafeCheckpointError``) naming the file or key.
+
+Safety: ``.metadata`` is read by an unpickler that admits only DCP's metadata classes; ``extra``, the
+optimizer's non-tensor state and its groups by ``torch.load(weights_only=True)`` (tensors, numbers,
+strings, containers, numpy arrays in ``extra``); ``save_sharded`` refuses other types up front
+(``checkpoint_pickle``). The checksums catch damage, not forgery.
 
 Atomicity: every rank writes into ``<path>.partial`` (removed first if an earlier save left it, and on
-failure); ``torch.distributed.checkpoint`` writes its ``.metadata`` after all ranks' data; then rank 0 renames
-the folder to ``path`` (an existing ``path`` is moved aside first and removed after). ``load_sharded`` reads
-only a folder with ``.metadata``, so an interrupted save is never taken for a checkpoint.
+failure); ``torch.distributed.checkpoint`` writes its ``.metadata`` after all ranks' data, then rank 0 the
+manifest; then rank 0 renames the folder to ``path`` (an existing ``path`` is moved aside first and removed
+after). ``load_sharded`` reads only a folder with ``.metadata``, so an interrupted save is never taken for a
+checkpoint.
 
-Limits: ``path`` must be on a file system every rank sees (as for ``FileSystemWriter``); ``extra`` and the
-non-tensor state are pickled (load only checkpoints you trust); the optimizer must be built over the same
-parameters, in the same groups, as the one saved; ``extra`` comes back as saved by the same rank index (rank
-0's when the saving run had fewer ranks).
+Limits: ``path`` must be on a file system every rank sees (as for ``FileSystemWriter``); ``extra`` comes back
+as saved by the same rank index (rank 0's when the saving run had fewer ranks); a load that fails while
+reading tensors (a bad checksum) leaves the model partly overwritten.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import warnings
-from dataclasses import dataclass
+import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import Tensor, nn
+from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
-from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
-from torch.distributed.checkpoint.planner_helpers import (
-    _create_read_items,
-    _create_write_items,
-    create_read_items_for_chunk_list,
-)
 
+from parallel.checkpoint_checks import (
+    check_dtype,
+    check_model,
+    check_optimizer,
+    describe_optimizer,
+    hyperparameters,
+    inner_optimizer,
+    model_shapes,
+)
+from parallel.checkpoint_errors import CheckpointError
+from parallel.checkpoint_layout import LoadPlanner, SavePlanner, flat, item, param_shaped, pieces
+from parallel.checkpoint_manifest import (
+    METADATA,
+    ChecksummingWriter,
+    Manifest,
+    VerifyingReader,
+    load_pickled,
+    open_checkpoint,
+    save_id,
+    verify_files,
+)
+from parallel.checkpoint_pickle import dumps, read_dcp_metadata
 from parallel.consistency import all_ranks_ok
-from parallel.ddp import _DataParallel
-from parallel.fsdp import FSDP
-from parallel.fsdp_state import persistent_buffers
-from parallel.fsdp_units import Piece
 from parallel.zero import ShardedOptimizer
 
-__all__ = ["load_sharded", "save_sharded"]
-
-_METADATA = ".metadata"
-
-
-@dataclass
-class _Slice:
-    """``local`` (1-D) holds elements ``[offset, offset + local.numel())`` of a flat tensor of ``numel``."""
-
-    local: Tensor
-    offset: int
-    numel: int
-
-    def chunk(self) -> ChunkStorageMetadata:
-        return ChunkStorageMetadata(offsets=torch.Size([self.offset]), sizes=torch.Size([self.local.numel()]))
-
-
-class _SavePlanner(dcp.DefaultSavePlanner):
-    """The default planner, plus ``_Slice`` values written as one chunk of their flat tensor."""
-
-    def __init__(self):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-
-    def create_local_plan(self) -> SavePlan:
-        items = []
-        for fqn, obj in self.state_dict.items():
-            if not isinstance(obj, _Slice):
-                items += _create_write_items(fqn, obj)
-                continue
-            properties = TensorProperties.create_from_tensor(obj.local)
-            data = TensorWriteData(chunk=obj.chunk(), properties=properties, size=torch.Size([obj.numel]))
-            index = MetadataIndex(fqn, torch.Size([obj.offset]))
-            items.append(WriteItem(index=index, type=WriteItemType.SHARD, tensor_data=data))
-        self.plan = SavePlan(items)
-        return self.plan
-
-    def lookup_object(self, index: MetadataIndex) -> Any:
-        obj = self.state_dict[index.fqn]
-        return obj.local if isinstance(obj, _Slice) else super().lookup_object(index)
-
-
-class _LoadPlanner(dcp.DefaultLoadPlanner):
-    """The default planner, plus ``_Slice`` destinations that read just their chunk of a flat tensor."""
-
-    def __init__(self):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-
-    def set_up_planner(self, state_dict: dict, metadata=None, is_coordinator: bool = False) -> None:
-        # The default set-up rewrites every value it does not know (ours) as None; the destinations here are
-        # real tensors already, so there is nothing to initialize.
-        self.original_state_dict = self.state_dict = state_dict
-        self.metadata, self.is_coordinator = metadata, is_coordinator
-
-    def create_local_plan(self) -> LoadPlan:
-        requests = []
-        for fqn, obj in self.state_dict.items():
-            md = self.metadata.state_dict_metadata[fqn]
-            if isinstance(obj, _Slice):
-                requests += create_read_items_for_chunk_list(fqn, md, [obj.chunk()])
-            else:
-                requests += _create_read_items(fqn, md, obj)
-        return LoadPlan(requests)
-
-    def lookup_tensor(self, index: MetadataIndex) -> Tensor:
-        obj = self.state_dict[index.fqn]
-        return obj.local if isinstance(obj, _Slice) else super().lookup_tensor(index)
-
-
-# ------------------------------------------------------------------------------------------ layout
-def _pieces(model: nn.Module) -> tuple[dict[Tensor, list[Piece]], dict[str, Tensor]]:
-    """``({tensor an optimizer steps: its pieces}, {name: persistent buffer})`` of any supported model."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (FSDP, a DDP wrapper or plain), got {type(model)}")
-    if isinstance(model, FSDP):
-        return model.flat_pieces(), dict(persistent_buffers(model.module))
-    module = model.module if isinstance(model, _DataParallel) else model
-    pieces = {p: [Piece(name, 0, p.numel(), 0, p.numel())] for name, p in module.named_parameters()}
-    return pieces, dict(persistent_buffers(module))
-
-
-def _flat(t: Tensor, what: str) -> Tensor:
-    if not t.is_contiguous():
-        raise ValueError(f"{what} must be contiguous to be saved or loaded in place")
-    return t.detach().view(-1)
-
-
-def _item(flat: Tensor, piece: Piece) -> Tensor | _Slice:
-    """The part of ``flat`` that ``piece`` names: a plain tensor when it is the whole parameter."""
-    local = flat[piece.start:piece.stop]
-    if piece.offset == 0 and local.numel() == piece.numel:
-        return local
-    return _Slice(local, piece.offset, piece.numel)
-
-
-def _inner(optimizer) -> tuple[torch.optim.Optimizer, list[dict]]:
-    """``(the optimizer holding this rank's state, the groups whose hyper-parameters are saved)``."""
-    if isinstance(optimizer, ShardedOptimizer):
-        return optimizer.local_optimizer, optimizer.param_groups
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
-    return optimizer, optimizer.param_groups
-
-
-def _param_shaped(value: Any, param: Tensor) -> bool:
-    return torch.is_tensor(value) and value.dim() > 0 and value.shape == param.shape
-
-
-def _hyper(group: dict) -> dict:
-    return {k: v for k, v in group.items() if k != "params"}
+__all__ = ["load_sharded", "read_extra", "save_sharded", "verify_sharded"]
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 @contextlib.contextmanager
@@ -182,74 +106,101 @@ def _quiet_without_group():
         yield
 
 
-def _pickled(obj: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
-
-
-def _unpickled(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-# -------------------------------------------------------------------------------------------- save
-def _save_state(model, optimizer, extra) -> dict[str, Any]:
-    pieces, buffers = _pieces(model)
-    state: dict[str, Any] = {}
-    for p, found in pieces.items():
-        flat = _flat(p, f"parameter {found[0].name if found else ''}")
-        for piece in found:
-            state[f"model/{piece.name}"] = _item(flat, piece)
-    for name, b in buffers.items():
-        state[f"model/{name}"] = _flat(b, f"buffer {name}")
-    if optimizer is not None:
-        inner, groups = _inner(optimizer)
-        for p, entry in inner.state.items():
-            if p not in pieces:
-                raise ValueError("optimizer steps a tensor that is not a parameter of model")
-            other = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in entry.items()
-                     if not _param_shaped(v, p)}
-            other = _pickled(other)
-            for piece in pieces[p]:
-                for key, value in entry.items():
-                    if _param_shaped(value, p):
-                        state[f"optim/{piece.name}/{key}"] = _item(_flat(value, f"state {key}"), piece)
-                state[f"optim/{piece.name}/other"] = other
-        state["optim/param_groups"] = _pickled([_hyper(g) for g in groups])
-    if extra is not None:
-        state[f"extra/rank{_rank()}"] = _pickled(extra)
-    return state
-
-
-def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 extra: dict | None = None, *, threads: int = 4) -> None:
-    """Write ``model``'s parameters and persistent buffers, ``optimizer``'s state and ``extra`` to the folder
-    ``path`` (collective: call on every rank). ``threads``: writer threads per rank, each copying one tensor
-    at a time to the host (a rank on a GPU holds at most ``threads`` tensors there while saving)."""
-    if extra is not None and not isinstance(extra, dict):
-        raise TypeError(f"extra must be a dict or None, got {type(extra).__name__}")
-    if not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int, got {threads!r}")
-    final = Path(path)
-    if final.exists() and not (final.is_dir() and (final / _METADATA).exists()):
-        raise FileExistsError(f"path {str(final)!r} exists and is not a sharded checkpoint; not replacing it")
-    # Objects are pickled here, before any file is touched: torch.distributed.checkpoint's writer threads
-    # would drop an object that fails to pickle and still complete the checkpoint. A rank that fails here
-    # makes every rank fail (instead of the others waiting for it).
-    failure = None
+def _together(what: str, prepare, *args) -> Any:
+    """``prepare(*args)`` on every rank; if it raises on any, every rank raises (the others a
+    ``RuntimeError`` pointing to it) instead of some waiting in the next collective."""
+    failure, result = None, None
     try:
-        state = _save_state(model, optimizer, extra)
+        result = prepare(*args)
     except Exception as err:
         failure = err
     if not all_ranks_ok(failure is None):
         if failure is not None:
             raise failure
-        raise RuntimeError("save_sharded: another rank failed to prepare its state (see its error)")
+        raise RuntimeError(f"{what}: another rank failed (see its error)")
+    return result
+
+
+# -------------------------------------------------------------------------------------------- save
+def _save_state(model, optimizer, extra) -> tuple[dict[str, Any], list[list[str]]]:
+    """``(DCP state of this rank, names of the parameters in each optimizer group as this rank sees them)``"""
+    found, buffers = pieces(model)
+    state: dict[str, Any] = {}
+    for p, mine in found.items():
+        flat_p = flat(p, f"parameter {mine[0].name if mine else ''}")
+        for piece in mine:
+            state[f"model/{piece.name}"] = item(flat_p, piece)
+    for name, b in buffers.items():
+        state[f"model/{name}"] = flat(b, f"buffer {name}")
+    group_names: list[list[str]] = []
+    if optimizer is not None:
+        inner, groups = inner_optimizer(optimizer)
+        for p, entry in inner.state.items():
+            if p not in found:
+                raise ValueError("optimizer steps a tensor that is not a parameter of model")
+            name = found[p][0].name if found[p] else "?"
+            other = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in entry.items()
+                     if not param_shaped(v, p)}
+            other = dumps(other, f"optimizer state of parameter {name!r}")
+            for piece in found[p]:
+                for key, value in entry.items():
+                    if param_shaped(value, p):
+                        state[f"optim/{piece.name}/{key}"] = item(flat(value, f"state {key}"), piece)
+                state[f"optim/{piece.name}/other"] = other
+        state["optim/param_groups"] = dumps(hyperparameters(optimizer), "optimizer param_groups")
+        if any(p not in found for g in groups for p in g["params"]):
+            raise ValueError("optimizer steps a tensor that is not a parameter of model")
+        group_names = [[piece.name for p in g["params"] for piece in found[p]] for g in groups]
+    if extra is not None:
+        state[f"extra/rank{_rank()}"] = dumps(extra, "extra", numpy_arrays=True)
+    return state, group_names
+
+
+def _gather_on_rank0(obj: Any) -> list | None:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    out = [None] * dist.get_world_size() if _rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def _write_manifest(folder: Path, writer: ChecksummingWriter, model, optimizer, group_names) -> None:
+    """Gather every rank's checksums and group members; rank 0 writes the manifest (collective)."""
+    gathered = _gather_on_rank0((getattr(writer, "checksums", {}), group_names))
+    if gathered is None:
+        return
+    files, items = {}, {}
+    for checksums, _ in gathered:
+        for name, (size, rows) in checksums.items():
+            files[name], items[name] = size, rows
+    described = None
+    if optimizer is not None:
+        members = [sorted({n for _, names in gathered for n in names[i]}) for i in range(len(group_names))]
+        described = describe_optimizer(optimizer, members)
+    data = (folder / METADATA).read_bytes()
+    metadata = read_dcp_metadata(data, str(folder / METADATA))
+    shapes = {k: list(v) for k, v in model_shapes(model).items()}
+    Manifest(save_id(metadata), {"bytes": len(data), "crc32": zlib.crc32(data)}, files, items, shapes,
+             described).write(folder)
+
+
+def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 extra: dict | None = None, *, threads: int = 4) -> None:
+    """Write ``model``'s parameters and persistent buffers, ``optimizer``'s state and ``extra`` to the folder
+    ``path`` with checksums (collective: call on every rank). ``threads``: writer threads per rank, each
+    copying one tensor at a time to the host (a rank on a GPU holds at most ``threads`` tensors there while
+    saving), then reading its files back to checksum them. ``extra`` may hold tensors, numbers, strings,
+    containers and numpy arrays; anything else is refused (``TypeError``) before a file is touched."""
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict or None, got {type(extra).__name__}")
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    final = Path(path)
+    if final.exists() and not (final.is_dir() and (final / METADATA).exists()):
+        raise FileExistsError(f"path {str(final)!r} exists and is not a sharded checkpoint; not replacing it")
+    # Objects are pickled here, before any file is touched: torch.distributed.checkpoint's writer threads
+    # would drop an object that fails to pickle and still complete the checkpoint.
+    state, group_names = _together("save_sharded", _save_state, model, optimizer, extra)
     partial = final.with_name(final.name + ".partial")
     if _rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)  # what an interrupted save left
@@ -259,8 +210,9 @@ def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
         with _quiet_without_group():
             # One file per tensor: torch's writer keeps the host copy of every tensor of a file until the
             # file is closed, so with one file per thread a GPU rank would hold its whole state on the host.
-            writer = dcp.FileSystemWriter(partial, thread_count=threads, single_file_per_rank=False)
-            dcp.save(state, storage_writer=writer, planner=_SavePlanner())
+            writer = ChecksummingWriter(partial, thread_count=threads, single_file_per_rank=False)
+            dcp.save(state, storage_writer=writer, planner=SavePlanner())
+        _together("save_sharded (manifest)", _write_manifest, partial, writer, model, optimizer, group_names)
     except BaseException as err:
         if _rank() == 0:
             shutil.rmtree(partial, ignore_errors=True)
@@ -281,100 +233,150 @@ def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
 
 
 # -------------------------------------------------------------------------------------------- load
-def _check_size(stored: dict, key: str, numel: int) -> None:
-    if key not in stored:
-        raise KeyError(f"checkpoint has no {key!r}")
-    size = getattr(stored[key], "size", None)
-    if size is None or size.numel() != numel:
-        raise ValueError(f"checkpoint's {key!r} has {None if size is None else size.numel()} elements, "
-                         f"the model's {numel}")
+def _open(path: str | os.PathLike) -> tuple[Path, Any, Manifest | None]:
+    folder = Path(path)
+    if not (folder / METADATA).is_file():
+        raise FileNotFoundError(f"{str(folder)!r} is not a complete sharded checkpoint (no {METADATA}); an "
+                                f"interrupted save leaves only {folder.name}.partial")
+    metadata, manifest = open_checkpoint(folder)
+    if manifest is None and _rank() == 0:
+        warnings.warn(f"checkpoint {str(folder)!r} has no manifest.json (written before checksums existed): "
+                      f"its bytes, tensor shapes and optimizer class cannot be verified", stacklevel=3)
+    return folder, metadata, manifest
 
 
-def _request_optimizer(optimizer, pieces, stored: dict, request: dict) -> list:
-    """Destinations for the optimizer's state; returns ``[(param, {key: flat dest}, other key)]``."""
-    inner, _ = _inner(optimizer)
+def _request_optimizer(optimizer, found, stored, request, missing, source) -> list:
+    """Destinations for the optimizer's state: ``[(param, {key: flat destination}, other state or None)]``"""
+    inner, _ = inner_optimizer(optimizer)
     plan = []
     for group in inner.param_groups:
         for p in group["params"]:
-            if p not in pieces:
+            if p not in found:
                 raise ValueError("optimizer steps a tensor that is not a parameter of model")
-            found = pieces[p]
-            if not found or f"optim/{found[0].name}/other" not in stored:
+            mine = found[p]
+            other_key = f"optim/{mine[0].name}/other" if mine else None
+            if other_key is None or other_key not in stored:
                 plan.append((p, {}, None))
                 continue
-            prefix = f"optim/{found[0].name}/"
-            keys = [k[len(prefix):] for k in stored if k.startswith(prefix) and k != prefix + "other"]
+            other = load_pickled(*source, other_key)
+            prefix = f"optim/{mine[0].name}/"
+            keys = [k[len(prefix):] for k in stored if k.startswith(prefix) and k != other_key]
             dests = {}
             for key in keys:
                 dest = torch.zeros(p.numel(), dtype=stored[prefix + key].properties.dtype, device=p.device)
-                for piece in found:
-                    _check_size(stored, f"optim/{piece.name}/{key}", piece.numel)
-                    request[f"optim/{piece.name}/{key}"] = _item(dest, piece)
+                for piece in mine:
+                    name = f"optim/{piece.name}/{key}"
+                    if f"model/{piece.name}" in missing or name not in stored:
+                        continue
+                    if stored[name].size.numel() != piece.numel:
+                        raise CheckpointError(f"checkpoint's {name!r} has {stored[name].size.numel()} "
+                                              f"elements, the parameter {piece.numel}")
+                    request[name] = item(dest, piece)
                 dests[key] = dest
-            request[prefix + "other"] = None
-            plan.append((p, dests, prefix + "other"))
+            plan.append((p, dests, other))
     return plan
 
 
-def _load_optimizer(optimizer, plan: list, loaded: dict) -> None:
-    inner, outer = _inner(optimizer)
-    saved_groups = _unpickled(loaded["optim/param_groups"])
-    if len(saved_groups) != len(outer):
-        raise ValueError(f"optimizer has {len(outer)} param_groups, the checkpoint {len(saved_groups)}")
-    for group, saved in zip(outer, saved_groups, strict=True):
-        group.update(saved)
+def _prepare_load(path, model, optimizer, strict: bool, verify: bool) -> tuple:
+    """Everything before reading tensors: open and check the checkpoint, compare it with model and optimizer,
+    read the pickled pieces; returns ``(folder, reader, request, optimizer plan, saved groups, extra)``."""
+    folder, metadata, manifest = _open(path)
+    source = (folder, metadata, manifest if verify else None)
+    stored = metadata.state_dict_metadata
+    missing = check_model(stored, manifest.shapes if manifest else None, model_shapes(model), strict)
+    found, buffers = pieces(model)
+    request: dict[str, Any] = {}
+    for p, mine in found.items():
+        flat_p = flat(p, f"parameter {mine[0].name if mine else ''}")
+        for piece in mine:
+            if f"model/{piece.name}" not in missing:
+                check_dtype(stored, f"model/{piece.name}", flat_p)
+                request[f"model/{piece.name}"] = item(flat_p, piece)
+    for name, b in buffers.items():
+        if f"model/{name}" not in missing:
+            check_dtype(stored, f"model/{name}", b)
+            request[f"model/{name}"] = flat(b, f"buffer {name}")
+    plan, saved_groups = [], []
+    if optimizer is not None:
+        if "optim/param_groups" not in stored:
+            raise CheckpointError(f"checkpoint {str(folder)!r} holds no optimizer state")
+        saved_groups = load_pickled(*source, "optim/param_groups")
+        _, groups = inner_optimizer(optimizer)
+        names = [[piece.name for p in g["params"] for piece in found.get(p, [])] for g in groups]
+        check_optimizer(manifest.optimizer if manifest else None, saved_groups, optimizer, names, strict)
+        plan = _request_optimizer(optimizer, found, stored, request, missing, source)
+    extra_key = next((k for k in (f"extra/rank{_rank()}", "extra/rank0") if k in stored), None)
+    extra = load_pickled(*source, extra_key, numpy_arrays=True) if extra_key else {}
+    return folder, VerifyingReader(*source), request, plan, saved_groups, extra
+
+
+def _load_optimizer(optimizer, plan: list, saved_groups: list[dict]) -> None:
+    inner, outer = inner_optimizer(optimizer)
+    for group, current, saved in zip(outer, hyperparameters(optimizer), saved_groups, strict=True):
+        group.update({k: v for k, v in saved.items() if k in current})
     index = {p: i for i, (p, _, _) in enumerate(plan)}
-    state = {}
-    for p, dests, other_key in plan:
-        if other_key is not None:
-            tensors = {k: d.view(p.shape) for k, d in dests.items()}
-            state[index[p]] = {**_unpickled(loaded[other_key]), **tensors}
-    groups = [{**_hyper(local), **saved, "params": [index[p] for p in local["params"]]}
+    state = {index[p]: {**other, **{k: d.view(p.shape) for k, d in dests.items()}}
+             for p, dests, other in plan if other is not None}
+    groups = [{**local, **{k: v for k, v in saved.items() if k in local and k != "params"},
+               "params": [index[p] for p in local["params"]]}
               for local, saved in zip(inner.param_groups, saved_groups, strict=True)]
     inner.load_state_dict({"state": state, "param_groups": groups})
     if isinstance(optimizer, ShardedOptimizer):
         optimizer.state = inner.state
 
 
-def load_sharded(path: str | os.PathLike, model: nn.Module,
-                 optimizer: torch.optim.Optimizer | None = None) -> dict:
+def _unwrapped(err: CheckpointException, folder: Path) -> Exception:
+    """The error a rank raised inside ``torch.distributed.checkpoint``, with every failing rank named."""
+    failures = {rank: pair[0] for rank, pair in err.failures.items()}
+    ranks = sorted(failures)
+    messages = "; ".join(f"rank {r}: {failures[r]}" for r in ranks)
+    first = failures[ranks[0]]
+    cls = type(first) if isinstance(first, CheckpointError) else RuntimeError
+    return cls(f"load_sharded({str(folder)!r}) failed on ranks {ranks}: {messages}")
+
+
+def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 *, strict: bool = True, verify: bool = True) -> dict:
     """Read a checkpoint of :func:`save_sharded` (any world size, any supported wrapper) into ``model`` and
     ``optimizer`` in place; return the ``extra`` dict saved by this rank index (``{}`` if none).
 
-    Collective: call on every rank. Every parameter and persistent buffer must be in the checkpoint with its
-    number of elements; the optimizer's state is loaded if it was saved.
+    Collective: call on every rank. ``strict``: refuse keys only one side has (parameters, buffers,
+    optimizer hyper-parameters); ``False`` loads what both have, the rest keeps its value. ``verify``: check
+    every item's CRC-32 while reading (``.metadata``'s and the file sizes are checked always). Raises
+    ``CheckpointError`` (or a subclass) on every rank before any tensor is read when the checkpoint does not
+    fit, is damaged or carries code; a bad checksum found while reading names the file and the key.
     """
-    folder = Path(path)
-    if not (folder / _METADATA).is_file():
-        raise FileNotFoundError(f"{str(folder)!r} is not a complete sharded checkpoint (no {_METADATA}); an "
-                                f"interrupted save leaves only {folder.name}.partial")
-    reader = dcp.FileSystemReader(folder)
-    stored = reader.read_metadata().state_dict_metadata
-    pieces, buffers = _pieces(model)
-    request: dict[str, Any] = {}
-    for p, found in pieces.items():
-        flat = _flat(p, f"parameter {found[0].name if found else ''}")
-        for piece in found:
-            _check_size(stored, f"model/{piece.name}", piece.numel)
-            request[f"model/{piece.name}"] = _item(flat, piece)
-    for name, b in buffers.items():
-        _check_size(stored, f"model/{name}", b.numel())
-        request[f"model/{name}"] = _flat(b, f"buffer {name}")
-    plan = []
-    if optimizer is not None:
-        if "optim/param_groups" not in stored:
-            raise KeyError(f"checkpoint {str(folder)!r} holds no optimizer state")
-        plan = _request_optimizer(optimizer, pieces, stored, request)
-        request["optim/param_groups"] = None
-    extra_key = next((k for k in (f"extra/rank{_rank()}", "extra/rank0") if k in stored), None)
-    if extra_key is not None:
-        request[extra_key] = None
+    folder, reader, request, plan, saved_groups, extra = _together(
+        f"load_sharded({str(path)!r})", _prepare_load, path, model, optimizer, strict, verify)
     try:
         with torch.no_grad(), _quiet_without_group():
-            dcp.load(request, storage_reader=reader, planner=_LoadPlanner())
+            dcp.load(request, storage_reader=reader, planner=LoadPlanner())
     except CheckpointException as err:
-        raise RuntimeError(f"load_sharded({str(folder)!r}) failed on ranks {sorted(err.failures)}: "
-                           f"{err}") from err
+        raise _unwrapped(err, folder) from None
     if optimizer is not None:
-        _load_optimizer(optimizer, plan, request)
-    return _unpickled(request[extra_key]) if extra_key is not None else {}
+        _load_optimizer(optimizer, plan, saved_groups)
+    return extra
+
+
+def read_extra(path: str | os.PathLike, rank: int | None = None, *, verify: bool = True) -> dict:
+    """The ``extra`` dict that rank ``rank`` (default: this process's) saved into the checkpoint ``path``,
+    rank 0's if the saving run had fewer ranks, ``{}`` if none; checked as :func:`load_sharded` checks it,
+    reading nothing else (not collective: e.g. to compare a saved recipe before building the model)."""
+    folder, metadata, manifest = _open(path)
+    rank = _rank() if rank is None else rank
+    key = next((k for k in (f"extra/rank{rank}", "extra/rank0") if k in metadata.state_dict_metadata), None)
+    return load_pickled(folder, metadata, manifest if verify else None, key, numpy_arrays=True) if key else {}
+
+
+def verify_sharded(path: str | os.PathLike, *, threads: int = 4) -> int:
+    """Check every stored byte of the checkpoint ``path`` against its manifest (not collective); returns the
+    number of bytes checked. ``CorruptCheckpointError`` names the first bad file and key; ``CheckpointError``
+    if the checkpoint has no manifest (written before checksums existed)."""
+    folder = Path(path)
+    if not (folder / METADATA).is_file():
+        raise FileNotFoundError(f"{str(folder)!r} is not a complete sharded checkpoint (no {METADATA})")
+    metadata, manifest = open_checkpoint(folder)
+    if manifest is None:
+        raise CheckpointError(f"checkpoint {str(folder)!r} has no manifest.json (written before checksums "
+                              f"existed): it cannot be verified")
+    return verify_files(folder, metadata, manifest, threads)
