@@ -125,7 +125,7 @@ def test_bad_paths_and_mismatched_models_are_named(tmp_path, lm):
         save_sharded(tmp_path / "c", lm[0](), extra=[1])
     save_sharded(tmp_path / "c", lm[0]())
     wider = torch.nn.Sequential(torch.nn.Linear(3, 5))
-    with pytest.raises(CheckpointError, match=r"missing keys \['model/0\.weight', 'model/0\.bias'\].*unexpected"):
+    with pytest.raises(CheckpointError, match=r"missing keys \['model/0\.weight', 'model/0\.bias'\].*unexp"):
         load_sharded(tmp_path / "c", wider)
     other = lm[0]()
     other.up = torch.nn.Linear(12, 20)

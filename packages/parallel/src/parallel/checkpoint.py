@@ -79,7 +79,6 @@ from parallel.checkpoint_manifest import (
     VerifyingReader,
     load_pickled,
     open_checkpoint,
-    save_id,
     verify_files,
 )
 from parallel.checkpoint_pickle import dumps, read_dcp_metadata
@@ -178,9 +177,9 @@ def _write_manifest(folder: Path, writer: ChecksummingWriter, model, optimizer, 
         members = [sorted({n for _, names in gathered for n in names[i]}) for i in range(len(group_names))]
         described = describe_optimizer(optimizer, members)
     data = (folder / METADATA).read_bytes()
-    metadata = read_dcp_metadata(data, str(folder / METADATA))
+    read_dcp_metadata(data, str(folder / METADATA))  # what load_sharded will accept
     shapes = {k: list(v) for k, v in model_shapes(model).items()}
-    Manifest(save_id(metadata), {"bytes": len(data), "crc32": zlib.crc32(data)}, files, items, shapes,
+    Manifest({"bytes": len(data), "crc32": zlib.crc32(data)}, files, items, shapes,
              described).write(folder)
 
 

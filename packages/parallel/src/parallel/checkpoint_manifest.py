@@ -2,9 +2,9 @@
 
 Every item DCP writes (one chunk of a tensor or one pickled object: ``torch.save`` bytes at ``(file, offset,
 length)``) gets a CRC-32 of its stored bytes, computed by the rank that wrote it, reading the file back once
-its write is done; ``.metadata`` gets one as a whole. The manifest also records each file's size, DCP's
-``save_id`` (so a ``.metadata`` of another save is caught), the model's tensor shapes (DCP stores them
-flattened) and the optimizer's class and groups (``checkpoint_checks`` compares them).
+its write is done; ``.metadata`` gets one as a whole. The manifest also records each file's size, the
+model's tensor shapes (DCP stores them flattened) and the optimizer's class and groups (``checkpoint_checks``
+compares them). Shards of another save mixed into the folder fail their checksums.
 
 On load, before any tensor is read: the manifest is parsed, ``.metadata``'s CRC checked before it is
 unpickled (restricted, ``checkpoint_pickle``), and every file's size compared, so a truncated or missing file
@@ -56,7 +56,6 @@ class Manifest:
     key], ...]``; ``shapes``: key -> shape of the unflattened tensor; ``optimizer``: ``{"class": qualified
     name, "groups": [{"hyperparameters": [keys], "params": [names]}]}`` or None."""
 
-    save_id: str | None
     metadata: dict[str, int]  # {"bytes": ..., "crc32": ...} of .metadata
     files: dict[str, int]
     items: dict[str, list[list]]
@@ -154,8 +153,8 @@ def _check_files(folder: Path, metadata: Metadata, manifest: Manifest | None) ->
 
 
 def open_checkpoint(folder: Path) -> tuple[Metadata, Manifest | None]:
-    """``(DCP's metadata, manifest or None)`` of ``folder``, checked: ``.metadata``'s checksum and save id,
-    every file's presence and size. Raises ``CorruptCheckpointError`` naming the file."""
+    """``(DCP's metadata, manifest or None)`` of ``folder``, checked: ``.metadata``'s checksum, every file's
+    presence and size. Raises ``CorruptCheckpointError`` naming the file."""
     manifest = read_manifest(folder)
     path = folder / METADATA
     data = path.read_bytes()
@@ -166,15 +165,8 @@ def open_checkpoint(folder: Path) -> tuple[Metadata, Manifest | None]:
                 f"{path} does not match its checksum: {len(data)} bytes, CRC-32 {_crc(data):08x}; the "
                 f"manifest says {want['bytes']} bytes, {want['crc32']:08x}")
     metadata = read_dcp_metadata(data, str(path))
-    if manifest is not None and manifest.save_id != save_id(metadata):
-        raise CorruptCheckpointError(f"{folder / MANIFEST} is of save {manifest.save_id}, {path} of save "
-                                     f"{save_id(metadata)}: files of two saves are mixed in {folder}")
     _check_files(folder, metadata, manifest)
     return metadata, manifest
-
-
-def save_id(metadata: Metadata) -> str | None:
-    return getattr(metadata.storage_meta, "save_id", None)
 
 
 def _verify(blob: bytes, expected: int, where: str) -> None:
