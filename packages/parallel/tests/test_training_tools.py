@@ -17,12 +17,14 @@ COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", 
 
 @contextlib.contextmanager
 def _counting(counts: dict):
-    """Count calls of the collectives that the wrappers use (``torch.distributed.<name>``)."""
+    """Count calls of the collectives that the wrappers use (``torch.distributed.<name>``) on the default
+    group, not the small agreement checks (``parallel.grad_presence``, ``parallel.lockstep``) in their own."""
     originals = {name: getattr(dist, name) for name in COLLECTIVES}
 
     def counted(name):
         def call(*args, **kwargs):
-            counts[name] = counts.get(name, 0) + 1
+            if kwargs.get("group") in (None, dist.group.WORLD):
+                counts[name] = counts.get(name, 0) + 1
             return originals[name](*args, **kwargs)
         return call
 

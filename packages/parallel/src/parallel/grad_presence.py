@@ -113,30 +113,37 @@ class GradPresence:
         self.who, self.prefix = who, prefix
         self._module = module
         self._params = list(params)
-        self._index = {p: i for i, p in enumerate(self._params)}
+        self._index = {id(p): i for i, p in enumerate(self._params)}  # ids: hashing a tensor calls Python
         first_name = {}
         for name, p in module.named_parameters(remove_duplicate=False):
             first_name.setdefault(p, prefix + name)
         self._names = [first_name.get(p, f"{prefix}<parameter {i}>") for i, p in enumerate(self._params)]
-        self._known = {p for p in module.parameters() if p.requires_grad} | set(self._params)
+        self._known = [*self._params, *(p for p in module.parameters() if p.requires_grad)]  # kept alive ...
+        self._known_ids = {id(p) for p in self._known}  # ... so that their ids stay theirs
         self._marks = bytearray(len(self._params))
         if dist.get_world_size() > 1:
             check_group()  # created now, when every rank is constructing the wrapper
 
     def mark(self, param: Tensor) -> None:
         """Record that ``param`` received a gradient (call from its post-accumulate-grad hook)."""
-        self._marks[self._index[param]] = 1
+        self._marks[self._index[id(param)]] = 1
 
     def reset(self) -> None:
         self._marks = bytearray(len(self._params))
 
     def added_parameters(self) -> list[str]:
         """Names of the trainable parameters of the module that were not there (or frozen) at wrapping."""
-        added = [p for p in self._module.parameters() if p.requires_grad and p not in self._known]
+        # A walk over the modules' own dicts: module.parameters() builds every name and costs ~3x more.
+        added, stack = [], [self._module]
+        while stack:
+            module = stack.pop()
+            stack.extend(child for child in module._modules.values() if child is not None)
+            added += [p for p in module._parameters.values()
+                      if p is not None and id(p) not in self._known_ids and p.requires_grad]
         if not added:
             return []
         names = {p: self.prefix + n for n, p in self._module.named_parameters()}
-        return [names[p] for p in added]
+        return list(dict.fromkeys(names[p] for p in added))  # a tied parameter once
 
     def agree(self, launched: int = 0) -> tuple[list[Tensor], Disagreement | None]:
         """The parameters that got a gradient (a gradient set to None since counts as none), and whether the
