@@ -122,6 +122,6 @@ def test_a_dead_rank_is_named_by_the_launcher(monkeypatch):
     from parallel.launch import WorkerError
 
     monkeypatch.setattr(launching, "run_job", _rank_one_killed)
-    job = Job(get_recipe("tiny"), ranks=2, use_gpus=False, launch_time=time.time(), argv=(), timeout=60)
+    job = Job(get_recipe("tiny"), ranks=2, use_gpus=False, launch_time=time.time(), argv=(), stall_timeout=60)
     with pytest.raises(WorkerError, match=r"^rank 1 of 2 failed: killed by signal SIGKILL"):
         launching.launch(job)

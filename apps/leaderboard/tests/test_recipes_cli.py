@@ -122,7 +122,8 @@ def test_option_errors_name_the_option(argv, message, capsys):
         (["--set", "learning_rate=fast"], "--set learning_rate: expected float, got 'fast'"),
         (["--set", "batch_size=3"], "batch_size=3 must be a positive multiple of the number of ranks (2)"),
         (["--set", "attention=fastest"], "attention must be one of"),
-        (["--set", "max_grad_norm=-1"], "max_grad_norm must be > 0, got -1.0"),
+        (["--set", "max_grad_norm=-1"], "max_grad_norm must be a finite number >= 0, got -1.0"),
+        (["--set", "max_grad_norm=0"], "max_grad_norm must be > 0, got 0.0"),
         (["--data", "no/such/tokens.bin"], "--data no/such/tokens.bin: no such file"),
     ],
 )

@@ -10,24 +10,11 @@ import pytest
 from cs336_basics import get_lr_cosine_schedule
 from leaderboard import cli
 from leaderboard.recipes import get_recipe
+from leaderboard.token_file import check_tokens
 from leaderboard.tokens import write_tokens
-from leaderboard.training import TrainingRun, check_tokens
+from leaderboard.training import TrainingRun
 
 SMALL = ["--preset", "tiny", "--set", "context_length=33", "--set", "batch_size=2"]
-
-
-@pytest.fixture(scope="module")
-def token_files(tmp_path_factory):
-    """Byte-level files of 17 small made-up sources (train) and 3 (held out)."""
-    root = tmp_path_factory.mktemp("src")
-    rng = np.random.default_rng(0)
-    words = ["def", "return", "self", "import", "class", "for", "in", "if", "else", "(x)", ":", "\n    "]
-    for i in range(20):
-        text = " ".join(rng.choice(words, size=400 + 37 * i))
-        (root / f"m{i:02d}.py").write_text(text)
-    out = tmp_path_factory.mktemp("tokens")
-    write_tokens(out, root, valid_fraction=0.15)
-    return out / "train.bin", out / "valid.bin"
 
 
 def test_token_files_hold_the_sources_bytes(tmp_path):
@@ -132,7 +119,7 @@ def test_resume_continues_bit_for_bit(tmp_path, token_files, ranks):
     ]
     argv += ["--save", str(tmp_path / "ckpt")]
     assert cli.main([*argv, "--out", str(tmp_path / "whole")]) == 0
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000003", "step-000006"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-000003", "step-000006"]
     shutil.rmtree(tmp_path / "ckpt" / "step-000006")
     assert cli.main([*argv, "--resume", "--out", str(tmp_path / "resumed")]) == 0
     assert (tmp_path / "ckpt" / "step-000006").is_dir()

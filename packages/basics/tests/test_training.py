@@ -72,6 +72,35 @@ def test_cross_entropy_gradient_and_shape_check():
         cross_entropy(logits, targets[:3])
 
 
+def test_cross_entropy_refuses_float_targets_as_torch_does():
+    logits, targets = torch.randn(7, 11), torch.tensor([0.0, 3.7, 10.2, 1.0, 2.0, 5.5, 9.9])
+    with pytest.raises(RuntimeError):
+        F.cross_entropy(logits, targets)  # torch: class ids must be integers
+    with pytest.raises(TypeError, match=r"targets must hold integer class ids .* got dtype torch\.float32"):
+        cross_entropy(logits, targets)
+    with pytest.raises(TypeError, match=r"got dtype torch\.bool"):
+        cross_entropy(logits, targets > 1)
+
+
+@pytest.mark.parametrize("bad", [11, -1, 1000])
+def test_cross_entropy_names_a_target_outside_the_vocabulary(bad):
+    logits, targets = torch.randn(3, 5, 11), torch.randint(0, 11, (3, 5))
+    targets[2, 3] = bad
+    with pytest.raises(IndexError, match=rf"targets must lie in \[0, 11\) .*got {bad} at index \(2, 3\)"):
+        cross_entropy(logits, targets)
+    with pytest.raises(IndexError):
+        F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1))  # torch refuses it too
+
+
+def test_cross_entropy_takes_narrow_integer_targets_and_compiles():
+    logits, targets = torch.randn(4, 6, 13), torch.randint(0, 13, (4, 6))
+    want = F.cross_entropy(logits.reshape(-1, 13), targets.reshape(-1))
+    torch.testing.assert_close(cross_entropy(logits, targets.to(torch.int32)), want)
+    torch.testing.assert_close(cross_entropy(logits, targets.to(torch.uint8)), want)
+    traced = torch.compile(cross_entropy, backend="eager", fullgraph=True)  # the range check traces
+    torch.testing.assert_close(traced(logits, targets), want)
+
+
 @pytest.mark.parametrize("max_norm", [0.1, 1e3])
 def test_clip_gradients_matches_torch(max_norm):
     ours, theirs = _toy_params(2), _toy_params(2)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from parallel import heartbeat
 from parallel.launch import WorkerError, spawn, torchrun
 
+STALL_S = 5  # seconds: above the start-up of two processes on a busy 2-core machine
 STOPPED = r"rank 1 on \S+ stopped answering \(stopped or hung\), last phase 'step 3'"
 
 
@@ -37,21 +38,21 @@ def _steps(rank, world_size, steps, seconds, stop_rank_at):
 def test_spawn_names_the_stopped_rank_and_its_phase():
     started = time.monotonic()
     with pytest.raises(heartbeat.StallError, match=STOPPED) as stall:
-        spawn(_steps, 2, 20, 0.01, 3, timeout=None, stall_timeout=2)
-    assert time.monotonic() - started < 20
-    assert "no rank of 2 reported progress for 2 s" in str(stall.value)
+        spawn(_steps, 2, 20, 0.01, 3, timeout=None, stall_timeout=STALL_S)
+    assert time.monotonic() - started < 30
+    assert f"no rank of 2 reported progress for {STALL_S} s" in str(stall.value)
     assert "rank 0 on" in str(stall.value) and "still answering" in str(stall.value)
 
 
 @pytest.mark.timeout(60)
 def test_a_healthy_run_longer_than_the_stall_timeout_finishes():
-    assert spawn(_steps, 2, 12, 0.3, 0, timeout=None, stall_timeout=1.5) == [24.0, 24.0]
+    assert spawn(_steps, 2, 12, 0.6, 0, timeout=None, stall_timeout=3) == [24.0, 24.0]
 
 
 @pytest.mark.timeout(90)
 def test_torchrun_names_the_stopped_rank_and_its_phase():
     with pytest.raises(heartbeat.StallError, match=STOPPED):
-        torchrun(_steps, 2, 20, 0.01, 3, stall_timeout=2)
+        torchrun(_steps, 2, 20, 0.01, 3, stall_timeout=STALL_S)
 
 
 _UNDER_TORCHRUN = """
@@ -59,7 +60,7 @@ import os, signal, sys, torch, torch.distributed as dist
 from parallel import heartbeat
 from parallel.launch import init_from_env
 rank, world_size, _ = init_from_env("gloo")
-with heartbeat.watched(rank, world_size, stall_timeout=2):
+with heartbeat.watched(rank, world_size, stall_timeout=5):
     for step in range(1, 1000):
         heartbeat.beat(f"step {step}")
         if rank == 1 and step == 3:
@@ -73,13 +74,14 @@ def test_torchrun_from_the_shell_names_the_stopped_rank(tmp_path):
     """Every rank watches the others through torchrun's store; the first to see the stall ends the run."""
     script = tmp_path / "stalls.py"
     script.write_text(textwrap.dedent(_UNDER_TORCHRUN))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command.append(str(script))
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=100)
     assert done.returncode != 0
     assert time.monotonic() - started < 60
     output = done.stdout + done.stderr
-    assert "StallError: no rank of 2 reported progress for 2 s" in output, output[-3000:]
+    assert "StallError: no rank of 2 reported progress for 5 s" in output, output[-3000:]
     assert "rank 1 on" in output and "stopped answering" in output and "'step 3'" in output
 
 
@@ -93,7 +95,8 @@ def _returns_opaque(rank, world_size):
 
 @pytest.mark.timeout(60)
 def test_results_that_could_run_code_when_loaded_are_refused():
-    with pytest.raises(WorkerError, match=r"rank 0 of 2 failed(.|\n)*returned a dict that the launcher cannot"):
+    refused = r"rank 0 of 2 failed(.|\n)*it returned a dict that the launcher cannot read back safely"
+    with pytest.raises(WorkerError, match=refused):
         spawn(_returns_opaque, 2, timeout=40)
 
 

@@ -7,5 +7,6 @@ Entry point: ``apps/leaderboard/train.py`` / ``python -m leaderboard.cli``. The 
 schedule, evaluation, sharded checkpoints) -> ``report``. Trainers: ``baseline`` (torch-native), ``optimized``
 (ours), both ``trainer.Trainer``; their pieces: ``recipes`` (named configurations), ``attention`` (kernel
 choice), ``fused_cross_entropy``, ``fused_adamw``, ``checkpoint_plan`` (what to recompute), ``sharding``
-(FSDP2 and checkpoint wrappers), ``metrics``; ``tokens`` makes byte-level token files.
+(FSDP2 and checkpoint wrappers), ``metrics``; ``tokens`` makes byte-level token files, ``token_file``
+checks and reads them; ``save_lock`` keeps one run per ``--save`` folder.
 """

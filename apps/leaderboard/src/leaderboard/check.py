@@ -18,6 +18,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 from cs336_basics import AdamW, build_model, cross_entropy
+from parallel.heartbeat import beat
 from torch import Tensor
 
 from .baseline import build_baseline
@@ -93,6 +94,7 @@ def run_check(rank: int, world_size: int, device: torch.device, recipe: Recipe) 
     tokens, targets = random_batch(
         cfg.vocab_size, recipe.batch_size, cfg.context_length, recipe.seed + 1, device
     )
+    beat("check: reference step")
     before, ref_loss, ref_grads, ref_after = reference_step(recipe, device, tokens, targets)
     per_rank = recipe.batch_size // world_size
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
@@ -100,9 +102,11 @@ def run_check(rank: int, world_size: int, device: torch.device, recipe: Recipe) 
 
     results = {}
     for label, dtype in (("optimized fp32", torch.float32), ("optimized bf16", torch.bfloat16)):
+        beat(f"check: {label}")
         results[label] = _measure(
             build_optimized(recipe, device, per_rank, dtype), before, ref_loss, ref_grads, ref_after, *local
         )
+    beat("check: baseline bf16")
     results["baseline bf16"] = _measure(
         build_baseline(recipe, device, per_rank, torch.bfloat16),
         before,

@@ -3,7 +3,8 @@
 The path of a run: parse (this module, before torch is imported) -> plan the job (``job.plan_job``: the
 recipe with its overrides, every check of recipe and files) -> start the ranks (``launching.launch``) ->
 each rank builds its trainer and runs its steps (``job.run_job``) -> rank 0's result is reported
-(``report.report``). Every argument and recipe error is raised before any process starts.
+(``report.report``). Every argument and recipe error is raised before any process starts, and so is a
+``--save`` folder that cannot be written or that another run holds (its lock, ``save_lock``).
 
 Where the ranks run:
 - under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set; any number of nodes): this process is one rank;
@@ -20,6 +21,7 @@ memory), the start-up and first-step (compile) times, and a last line ``median s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -155,7 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="write sharded checkpoints DIR/step-NNNNNN (every save_every steps and after the last)",
     )
     training.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in --save DIR"
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --save DIR (refused if a field that shapes the model, "
+        "the data or the optimizer state differs from the checkpoint's recipe)",
+    )
+    training.add_argument(
+        "--force",
+        action="store_true",
+        help="take over the lock of --save DIR left by a run on another host (a run on this host that is "
+        "gone is taken over without it)",
     )
     training.add_argument(
         "--out",
@@ -171,10 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes on this node (default: one per GPU; 2 on a CPU)",
     )
     parser.add_argument(
+        "--stall-timeout",
         "--timeout",
+        dest="stall_timeout",
         type=_positive_float,
-        default=1800.0,
-        help="seconds before CPU worker processes are killed instead of hanging",
+        default=600.0,
+        metavar="S",
+        help="stop the run once no rank has reported progress (a heartbeat at start-up, compile, every "
+        "step, evaluation and save) for S seconds, naming the ranks and their last phase; a healthy run "
+        "of any length is never stopped (default: 600)",
     )
     return parser
 
@@ -194,9 +210,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--check compares both trainers already; drop --baseline")
     if args.ablation and args.baseline:
         parser.error("--ablation times the baseline already; drop --baseline")
+    if args.baseline and args.save is not None:
+        parser.error("--save writes parallel.checkpoint shards, which the --baseline trainer (torch FSDP2) "
+                     "does not have; drop --baseline or --save")  # fmt: skip
     training_only = [f"--{n}" for n in ("valid", "save", "out") if getattr(args, n) is not None]
-    if args.resume:
-        training_only.append("--resume")
+    training_only += [f"--{n}" for n in ("resume", "force") if getattr(args, n)]
     if training_only and not args.data:
         parser.error(f"{', '.join(training_only)} need --data")
     if args.resume and args.save is None:
@@ -206,21 +224,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     launch_time = time.time()
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before CUDA starts
-    from .job import plan_job
+    from parallel.launch import WorkerError
+
+    from .job import locked_save, plan_job
     from .launching import launch
+    from .recipes import ResumeMismatch
     from .report import report
 
-    try:
-        job = plan_job(args, sys.argv[1:] if argv is None else argv, launch_time)
-    except ValueError as error:  # a recipe field or file that cannot work: nothing was launched
-        print(f"train.py: error: {error}", file=sys.stderr)
-        return 2
-    result = launch(job)
-    if result is None:  # a rank other than 0 under torchrun
-        return 0
-    return report(result, job)
+    with contextlib.ExitStack() as stack:
+        try:  # a recipe field, file or folder that cannot work: nothing was launched
+            stack.enter_context(locked_save(args, argv))
+            job = plan_job(args, argv, launch_time)
+        except ValueError as error:
+            print(f"train.py: error: {error}", file=sys.stderr)
+            return 2
+        try:
+            result = launch(job)
+        except (WorkerError, TimeoutError, ResumeMismatch) as error:  # a rank failed, the run stalled
+            print(f"train.py: error: {error}", file=sys.stderr)
+            return 1
+        if result is None:  # a rank other than 0 under torchrun
+            return 0
+        return report(result, job)
 
 
 if __name__ == "__main__":

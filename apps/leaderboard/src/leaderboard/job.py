@@ -9,7 +9,9 @@ its process group is up: the equivalence check, the timing benchmark, the ablati
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from .recipes import RECIPES, Recipe, get_recipe, parse_override
-from .training import TrainingRun
+from .save_lock import save_lock
+from .training import TrainingRun, check_writable
 
 
 @dataclass(frozen=True)
@@ -34,11 +37,18 @@ class Job:
     row_steps: int | None = None
     json: Path | None = None
     training: TrainingRun | None = None
-    timeout: float = 1800.0
+    stall_timeout: float = 600.0  # seconds without a heartbeat from any rank before the run is stopped
 
 
 def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def locked_save(args: argparse.Namespace, argv: list[str]) -> contextlib.AbstractContextManager:
+    """The lock of ``--save`` (``save_lock``) for this run, taken by rank 0 only under torchrun."""
+    if args.save is None or (under_torchrun() and os.environ["RANK"] != "0"):
+        return contextlib.nullcontext()
+    return save_lock(args.save, shlex.join(["train.py", *argv]), force=args.force)
 
 
 def default_recipe_name(gpus: int, gpu_memory_bytes: int) -> str:
@@ -85,7 +95,9 @@ def plan_job(args: argparse.Namespace, argv: list[str], launch_time: float) -> J
     if args.data is not None:
         out = args.out or Path("results") / f"train-{recipe.name}"
         training = TrainingRun.checked(args.data, args.valid, args.save, args.resume, out, recipe)
-    options = ("check", "baseline", "ablation", "time_budget", "row_steps", "json", "timeout")  # Job = args
+    if args.json is not None:
+        check_writable("--json", args.json.parent)
+    options = ("check", "baseline", "ablation", "time_budget", "row_steps", "json", "stall_timeout")  # = args
     return Job(recipe, ranks, use_gpus=gpus > 0, launch_time=launch_time, argv=tuple(argv), training=training,
                **{name: getattr(args, name) for name in options})  # fmt: skip
 

@@ -1,12 +1,18 @@
 """Starting the ranks of a job: this process under torchrun or alone, else torchrun's launcher (GPUs)
-or ``parallel.spawn`` (CPU); returns rank 0's result (None on the other ranks under torchrun)."""
+or ``parallel.spawn`` (CPU); returns rank 0's result (None on the other ranks under torchrun).
+
+Every rank sends heartbeats (``parallel.heartbeat``: start-up, compile, each step, evaluation, save); a run
+in which no rank has sent one for ``job.stall_timeout`` seconds is stopped, naming the ranks and their last
+phases: by the launcher (``spawn``, ``torchrun``), or in this process and under a ``torchrun`` started from
+the shell by a watch thread in every rank."""
 
 from __future__ import annotations
 
 import os
 
 import torch.distributed as dist
-from parallel.launch import call_rank, free_port, init_from_env, spawn, torchrun
+from parallel import heartbeat
+from parallel.launch import call_rank, collective_timeout, free_port, init_from_env, spawn, torchrun
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .job import Job, run_job, under_torchrun
@@ -14,9 +20,10 @@ from .job import Job, run_job, under_torchrun
 
 @record  # under torchrun: the exception goes to the error file its agent reports
 def _this_process(job: Job) -> dict | None:
-    rank, world_size, _ = init_from_env()
+    rank, world_size, _ = init_from_env(timeout_s=collective_timeout(None, job.stall_timeout))
     try:
-        result = call_rank(run_job, rank, world_size, (job,))
+        with heartbeat.watched(rank, world_size, job.stall_timeout):
+            result = call_rank(run_job, rank, world_size, (job,))
     finally:
         dist.destroy_process_group()
     return result if rank == 0 else None
@@ -37,5 +44,5 @@ def launch(job: Job) -> dict | None:
                 os.environ.pop(key) if value is None else os.environ.update({key: value})
     print(f"launching {job.ranks} ranks", flush=True)
     if job.use_gpus:
-        return torchrun(run_job, job.ranks, job)[0]
-    return spawn(run_job, job.ranks, job, backend="gloo", timeout=job.timeout)[0]
+        return torchrun(run_job, job.ranks, job, stall_timeout=job.stall_timeout)[0]
+    return spawn(run_job, job.ranks, job, backend="gloo", timeout=None, stall_timeout=job.stall_timeout)[0]

@@ -20,6 +20,7 @@ Recipes:
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -72,6 +73,9 @@ class Recipe:
     eval_every: int = 50  # steps between evaluations on the held-out file (and after the last step)
     eval_batches: int = 4  # batches of batch_size sequences per evaluation
     save_every: int = 0  # steps between sharded checkpoints (0: only after the last step)
+    # a step whose training loss or gradient norm is not finite: "stop" the run there (nothing saved after
+    # it, exit status 1) or "skip" it (no optimizer step; the row is marked skipped)
+    on_nonfinite: str = "stop"
 
     def model_config(self) -> ModelConfig:
         """The cs336_basics model config at this recipe's context length and batch (for a proxy: its
@@ -105,6 +109,11 @@ class Recipe:
         """Raise ValueError naming the field that cannot work on ``world_size`` ranks."""
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        from cs336_basics.presets import PRESETS
+
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        self._validate_numbers()
         self._validate_offload_and_proxy(world_size)
         if self.batch_size < world_size or self.batch_size % world_size:
             raise ValueError(
@@ -131,6 +140,8 @@ class Recipe:
         for name in ("eval_every", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.on_nonfinite not in NONFINITE_CHOICES:
+            raise ValueError(f"on_nonfinite must be one of {NONFINITE_CHOICES}, got {self.on_nonfinite!r}")
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
@@ -138,6 +149,16 @@ class Recipe:
                 f"min_learning_rate={self.min_learning_rate} must lie in "
                 f"[0, learning_rate={self.learning_rate}]"
             )
+
+    def _validate_numbers(self) -> None:
+        """Every float field finite and none negative; counts in range."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{f.name} must be a finite number >= 0, got {value}")
+        for name, low in (("checkpoint_blocks", -1), ("checkpoint_ffn", 0), ("seed", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
 
     def _validate_offload_and_proxy(self, world_size: int) -> None:
         if self.offload_blocks < -1:
@@ -164,6 +185,7 @@ class Recipe:
 
 
 ATTENTION_CHOICES = ("auto", "flashattn", "cudnn", "flash", "efficient", "math")
+NONFINITE_CHOICES = ("stop", "skip")
 OPTIMIZER_CHOICES = ("auto", "triton", "torch")
 SHARDING_CHOICES = ("ours", "fsdp2")
 
@@ -224,9 +246,47 @@ def parse_override(item: str) -> tuple[str, object]:
             raise ValueError(f"--set {key}: expected true or false, got {text!r}")
         return key, text.lower() in ("true", "1")
     try:
-        return key, kind(text)
+        value = kind(text)
     except ValueError:
         raise ValueError(f"--set {key}: expected {kind.__name__}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise ValueError(f"--set {key}: expected a finite number, got {text!r}")
+    return key, value
+
+
+# What ``--resume`` refuses to change: the fields that shape the model (preset, proxy_ranks, context_length),
+# the data stream (context_length, batch_size) or the optimizer state and the schedule that built it.
+RESUME_FIXED_FIELDS = (
+    "preset", "proxy_ranks", "context_length", "batch_size", "sharding", "optimizer",
+    "learning_rate", "min_learning_rate", "lr_warmup_steps", "weight_decay",
+)  # fmt: skip
+
+
+def resume_changes(saved: dict, current: Recipe) -> tuple[list[str], list[str]]:
+    """``(refused, others)``: ``"field saved -> current"`` for each field of ``saved`` (a checkpoint's
+    ``Recipe.as_dict()``) that differs from ``current``, split by ``RESUME_FIXED_FIELDS``."""
+    now = current.as_dict()
+    changed = [name for name in now if name in saved and saved[name] != now[name]]
+    text = {name: f"{name} {saved[name]!r} -> {now[name]!r}" for name in changed}
+    return ([text[n] for n in changed if n in RESUME_FIXED_FIELDS],
+            [text[n] for n in changed if n not in RESUME_FIXED_FIELDS])  # fmt: skip
+
+
+class ResumeMismatch(ValueError):
+    """``--resume`` with a recipe whose fixed fields differ from the checkpoint's."""
+
+
+def check_resumable(saved: dict, current: Recipe, checkpoint: str) -> list[str]:
+    """ResumeMismatch naming the fixed fields that differ from those ``checkpoint`` was trained with; else
+    the other fields that changed."""
+    refused, others = resume_changes(saved, current)
+    if refused:
+        raise ResumeMismatch(
+            f"--resume: fields that shape the model, the data or the optimizer state differ from those "
+            f"{checkpoint} was trained with (saved -> now): {', '.join(refused)}; they cannot change on "
+            f"resume (drop those --set, or start a new --save folder)"
+        )
+    return others
 
 
 def get_recipe(name: str) -> Recipe:

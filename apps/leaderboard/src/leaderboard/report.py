@@ -4,7 +4,9 @@ through a temporary name and a rename."""
 
 from __future__ import annotations
 
+import math
 import shlex
+import sys
 
 import pandas as pd
 from harness.environment import environment
@@ -50,28 +52,45 @@ def loss_curve(history: pd.DataFrame, title: str):
     return fig
 
 
-def _report_training(result: dict, job: Job) -> None:
-    history = pd.DataFrame(result["history"])
-    out = job.training.out
-    title = f"{job.recipe.name}: {result['world_size']} rank(s), {result['device']}"
-    write_table(history, out / "losses", figure=loss_curve(history, title))
-    last = history.iloc[-1]
-    evaluated = history.dropna(subset=["eval_loss"])
-    print(f"wrote {out / 'losses.csv'}, {out / 'losses.md'} and {out / 'losses.png'}")
-    if result.get("stopped_by_time_budget"):
-        print(f"stopped after step {int(last['step'])} of {job.recipe.steps} by the time budget")
-    first = history.iloc[0]
-    print(
-        f"trained steps {result['first_step']}-{int(last['step'])}: "
-        f"training loss {first['train_loss']:.4f} -> "
-        f"{last['train_loss']:.4f}"
-        + (
-            f", evaluation loss {evaluated['eval_loss'].iloc[0]:.4f} -> {evaluated['eval_loss'].iloc[-1]:.4f}"
-            if len(evaluated)
-            else ""
+def _csv_frame(rows: list[dict]) -> pd.DataFrame:
+    """The history as written: a measured value that is not finite as ``nan``, one never measured (an
+    evaluation loss of a step without evaluation) blank."""
+    nan_as_text = [{k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+                   for row in rows]  # fmt: skip
+    return pd.DataFrame(nan_as_text)
+
+
+def _report_training(result: dict, job: Job) -> int:
+    out, rows = job.training.out, result["history"]
+    this_run = [r for r in rows if r["step"] >= result["first_step"]]
+    if not this_run:
+        step = result["first_step"]
+        print(
+            f"train.py: error: --time-budget {job.time_budget:g} s ran out before step {step} could start "
+            f"(start-up took longer); nothing was trained or saved",
+            file=sys.stderr,
         )
-        + f"; median step {history['seconds'].median():.4f} s"
+        return 1
+    history = pd.DataFrame(rows).astype({"eval_loss": float})
+    title = f"{job.recipe.name}: {result['world_size']} rank(s), {result['device']}"
+    write_table(_csv_frame(rows), out / "losses", figure=loss_curve(history, title))
+    print(f"wrote {out / 'losses.csv'}, {out / 'losses.md'} and {out / 'losses.png'}")
+    first, last = this_run[0], this_run[-1]
+    if result.get("stopped_by_time_budget"):
+        print(f"stopped after step {last['step']} of {job.recipe.steps} by the time budget")
+    evaluated = [r["eval_loss"] for r in this_run if r["eval_loss"] is not None]
+    skipped = sum(bool(r.get("skipped")) for r in this_run)
+    print(
+        f"trained steps {first['step']}-{last['step']}: training loss {first['train_loss']:.4f} -> "
+        f"{last['train_loss']:.4f}"
+        + (f", evaluation loss {evaluated[0]:.4f} -> {evaluated[-1]:.4f}" if evaluated else "")
+        + (f", {skipped} step(s) not applied (loss or gradient norm not finite)" if skipped else "")
+        + f"; median step {pd.Series([r['seconds'] for r in this_run]).median():.4f} s"
     )
+    if result.get("failure"):
+        print(f"train.py: error: {result['failure']}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def report(result: dict, job: Job) -> int:
@@ -94,8 +113,7 @@ def report(result: dict, job: Job) -> int:
         print("check passed" if result["passed"] else "check FAILED")
         return 0 if result["passed"] else 1
     if job.training is not None:
-        _report_training(result, job)
-        return 0
+        return _report_training(result, job)
     if job.ablation:
         table = ablation_table(result["runs"])
         if job.json is not None:

@@ -25,6 +25,8 @@ def write_tokens(out: Path, root: Path, valid_fraction: float = 0.05, max_bytes:
     import numpy as np
     from harness.results import atomic_path, atomic_write_text
 
+    if max_bytes is not None and max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1 or None (no limit), got {max_bytes}")
     files = source_files(root)
     if not files:
         raise ValueError(f"--stdlib {root}: no .py files found")
@@ -32,7 +34,7 @@ def write_tokens(out: Path, root: Path, valid_fraction: float = 0.05, max_bytes:
     cut = max(1, min(len(files) - 1, round(len(files) * (1 - valid_fraction))))
     sizes = {}
     for name, part in (("train", files[:cut]), ("valid", files[cut:])):
-        data = b"".join(p.read_bytes() for p in part)[: max_bytes or None]
+        data = b"".join(p.read_bytes() for p in part)[:max_bytes]
         with atomic_path(out / f"{name}.bin") as tmp:
             np.frombuffer(data, dtype=np.uint8).astype(np.uint16).tofile(tmp)
         sizes[name] = {"files": len(part), "tokens": len(data), "first": str(part[0].relative_to(root))}
@@ -55,10 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         "--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]), help="folder of .py sources"
     )
     parser.add_argument("--valid-fraction", type=float, default=0.05, help="share of the files held out")
-    parser.add_argument("--max-bytes", type=int, default=None, help="cut each file to this many tokens")
+    parser.add_argument(
+        "--max-bytes", type=int, default=None, help="tokens kept of train.bin and of valid.bin (>= 1)"
+    )
     args = parser.parse_args(argv)
     if not 0 < args.valid_fraction < 1:
         parser.error(f"--valid-fraction must lie in (0, 1), got {args.valid_fraction}")
+    if args.max_bytes is not None and args.max_bytes < 1:
+        parser.error(f"--max-bytes must be >= 1 (leave it out for no limit), got {args.max_bytes}")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, expected a folder")
     print(json.dumps(write_tokens(args.out, args.stdlib, args.valid_fraction, args.max_bytes), indent=2))
     return 0
 

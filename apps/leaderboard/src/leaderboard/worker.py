@@ -13,6 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 from harness.timing import synchronize
+from parallel.heartbeat import beat
 
 from .baseline import build_baseline
 from .metrics import GIB, StepRecord, format_step, median_seconds, peak_memory_gib, throughput
@@ -71,6 +72,7 @@ def run_benchmark(
         f"building the {'baseline' if baseline else 'optimized'} step of {recipe.name} on {world_size} "
         f"rank(s) ({device.type}) ..."
     )
+    beat("build")
     trainer = build_trainer(recipe, baseline, device, per_rank)
     synchronize(device)
     setup_seconds = time.time() - setup_start
@@ -80,6 +82,7 @@ def run_benchmark(
     records: list[StepRecord] = []
     total = recipe.warmup + recipe.steps
     for step in range(1, total + 1):
+        beat("compile (step 1)" if step == 1 else f"step {step}")
         dist.barrier()
         synchronize(device)
         start = time.perf_counter()

@@ -19,17 +19,33 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean of -log softmax(logits)[target] over every leading position.
 
-    logits ``(..., vocab)``, targets ``(...)`` integer ids; computed in fp32 with the max
-    subtracted, so logits of magnitude 1e4 and more neither overflow nor lose the answer.
+    logits ``(..., vocab)``, targets ``(...)`` integer ids in ``[0, vocab)``; computed in fp32 with the max
+    subtracted, so logits of magnitude 1e4 and more neither overflow nor lose the answer. Float targets are
+    refused (as ``torch.nn.functional.cross_entropy`` refuses them for class indices) rather than truncated;
+    an id outside ``[0, vocab)`` raises IndexError naming it on a CPU, and fails a device-side assertion
+    elsewhere (checked without a synchronization).
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"targets shape {tuple(targets.shape)} must equal logits shape without the last "
                          f"dim {tuple(logits.shape[:-1])}")
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+        raise TypeError(f"targets must hold integer class ids (e.g. torch.int64), got dtype {targets.dtype}")
+    _check_target_range(targets, logits.shape[-1])
     logits = logits.float()
     shifted = logits - logits.amax(dim=-1, keepdim=True)
     log_norm = shifted.exp().sum(dim=-1).log()
     target_logit = shifted.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     return (log_norm - target_logit).mean()
+
+
+def _check_target_range(targets: Tensor, vocab: int) -> None:
+    outside = (targets < 0) | (targets >= vocab)
+    message = f"cross_entropy: targets must lie in [0, {vocab}) (the logits' last dim)"
+    if targets.device.type != "cpu" or torch.compiler.is_compiling():
+        torch._assert_async(~outside.any(), message)
+    elif outside.any():
+        first = tuple(int(i) for i in outside.nonzero()[0])
+        raise IndexError(f"{message}; got {int(targets[first])} at index {first}")
 
 
 @torch.no_grad()
