@@ -10,7 +10,9 @@ import torch
 def get_batch(
     dataset: npt.NDArray, batch_size: int, context_length: int, device: str | torch.device = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample ``batch_size`` windows from a 1-D token array (or ``np.memmap``).
+    """Sample ``batch_size`` windows from a 1-D token array: an ``np.ndarray``, an ``np.memmap`` or any object
+    with ``ndim``, an integer ``dtype``, ``len`` and ``[start:stop]`` slices (e.g. a reader that names a file
+    cut short instead of faulting as a memmap would).
 
     Returns inputs and next-token targets, both ``(batch_size, context_length)`` int64 on ``device``.
     """
