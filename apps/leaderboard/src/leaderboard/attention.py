@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 from harness.timing import time_steps
 from torch import Tensor
-from torch.nn.attention import SDPBackend
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
@@ -29,15 +30,18 @@ def sdpa(backend: str) -> AttentionFn:
     """SDPA restricted to ``backend`` ("cudnn", "flash", "efficient" or "math")."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}")
-    from flashattn.benchutil import sdpa as pinned
 
-    attention = pinned(_BACKENDS[backend])
+    def attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
+        with sdpa_kernel(_BACKENDS[backend]):  # the backward follows the backend chosen in forward
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
     attention.__name__ = f"sdpa_{backend}"
     return attention
 
 
 def flashattn_kernel() -> AttentionFn:
-    """The ``flashattn`` package's best implementation for the device (Triton on CUDA)."""
+    """``flashattn.flash_attention``: the package's best kernels for the device (a custom op that
+    ``torch.compile`` traces)."""
     from flashattn import flash_attention
 
     return flash_attention

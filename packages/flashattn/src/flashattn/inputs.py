@@ -12,11 +12,23 @@ the first queries would see no key at all (``shift + right < 0``) is refused rat
 softmax; packed documents (:mod:`flashattn.varlen`) give such rows zeros instead.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 SUPPORTED_HEAD_DIMS = tuple(range(16, 257, 8))
+ANY_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 Window = tuple[int, int] | None
+
+
+class Varlen(NamedTuple):
+    """Packed documents: int32 cumulative lengths ``(docs + 1,)`` on the inputs' device, the longest ones."""
+
+    cu_q: Tensor
+    cu_k: Tensor
+    max_q: int
+    max_k: int
 
 
 def check_window(window) -> Window:

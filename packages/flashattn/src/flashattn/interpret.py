@@ -1,6 +1,7 @@
 """Running flashattn's Triton kernels on the CPU under ``TRITON_INTERPRET=1``.
 
-Triton 3.6's interpreter has two faults that :func:`check_interpreted` handles before a kernel launch:
+Triton 3.6's interpreter has two faults, handled here (this module is imported only when the kernels were
+defined for the interpreter; :mod:`flashattn.portable.launch` installs the fix then):
 
 - with numpy >= 2.4 every launch dies with ``TypeError('only 0-dimensional arrays can be converted to Python
   scalars')``: the interpreter turns one-element arrays into Python ints (loop bounds, indices) with
@@ -15,7 +16,6 @@ The interpreter must be switched on before ``flashattn`` is imported: ``@triton.
 
 import numpy as np
 import torch
-import triton
 from torch import Tensor
 
 INTERPRETED_DTYPES = (torch.float16, torch.float32)
@@ -48,17 +48,10 @@ def install_numpy_fix() -> None:
     _installed = True
 
 
-def check_interpreted(q: Tensor) -> None:
-    """Under ``TRITON_INTERPRET=1``: refuse dtypes the interpreter gets wrong, then install the numpy fix.
-
-    Does nothing when the kernels run compiled.
-    """
-    if not triton.knobs.runtime.interpret:
-        return
+def interpreter_reason(q: Tensor) -> str | None:
+    """Why the interpreted kernels cannot take ``q`` (a dtype the interpreter gets wrong), or None."""
     if q.dtype not in INTERPRETED_DTYPES:
         names = ", ".join(str(d).removeprefix("torch.") for d in INTERPRETED_DTYPES)
-        raise ValueError(
-            f"q has dtype {q.dtype}, which Triton's interpreter (TRITON_INTERPRET=1) does not emulate "
-            f"faithfully; supported under the interpreter: {names} (other dtypes need a CUDA GPU)"
-        )
-    install_numpy_fix()
+        return (f"q has dtype {q.dtype}, which Triton's interpreter (TRITON_INTERPRET=1) does not emulate "
+                f"faithfully; supported under the interpreter: {names}")  # fmt: skip
+    return None

@@ -11,9 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from flashattn.inputs import Window, check_qkv, right_bound
-
-_ANY_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+from flashattn.inputs import ANY_FLOAT, Window, check_qkv, right_bound
 
 
 def visibility_mask(
@@ -50,7 +48,7 @@ def reference(
 
     Computed in the inputs' dtype (pass float64 tensors for an exact oracle); ``lse`` is of the scaled scores.
     """
-    window = check_qkv(q, k, v, is_causal, _ANY_FLOAT, window)
+    window = check_qkv(q, k, v, is_causal, ANY_FLOAT, window)
     k, v = _expand_groups(q, k, v)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if is_causal or window is not None:

@@ -18,6 +18,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from flashattn.inputs import Window, as_4d, check_qkv, right_bound
 
@@ -48,13 +49,15 @@ def _visible(rows: Tensor, cols: Tensor, shift: int, left: int | None, right: in
 
 
 def tiled_forward(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, tile: int = TILE, window: Window = None
-) -> tuple[Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, tile: int = TILE, window: Window = None,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """FlashAttention-2 forward on ``(B, H_q, S, d)`` / ``(B, H_kv, S, d)``: ``o`` in q's dtype and ``lse``
-    ``(B, H_q, seq_q)`` float32/64. As in plain softmax, a row whose visible scores are all -inf is NaN."""
+    ``(B, H_q, seq_q)`` float32/64; ``scale`` multiplies the scores (default ``1 / sqrt(d)``). As in plain
+    softmax, a row whose visible scores are all -inf is NaN."""
     acc_dtype = _accumulator_dtype(q.dtype)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     shift, left, right = seq_k - seq_q, window[0] if window else None, right_bound(is_causal, window)
     qg = q.unflatten(1, (k.shape[1], q.shape[1] // k.shape[1]))
     kg, vg = k.unsqueeze(2), v.unsqueeze(2)
@@ -108,13 +111,13 @@ def _compiled_key_tile_gradients():
 
 def tiled_backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, tile: int = TILE,
-    window: Window = None,
+    window: Window = None, scale: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Gradients ``dq, dk, dv`` (inputs' dtype) of 4-D inputs by recomputation, one key tile at a time (memory
     ``seq_q x tile``)."""
     acc_dtype = _accumulator_dtype(q.dtype)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     shift, left, right = seq_k - seq_q, window[0] if window else None, right_bound(is_causal, window)
     group = (k.shape[1], q.shape[1] // k.shape[1])
     qa, doa = q.to(acc_dtype).unflatten(1, group), do.to(acc_dtype).unflatten(1, group)
@@ -142,8 +145,60 @@ def tiled_backward(
     return dq.flatten(1, 2).to(q.dtype), dk, dv
 
 
+def _documents(cu_q: Tensor, cu_k: Tensor, is_causal: bool, window: Window):
+    """Per document: its query rows ``[q0, q1)``, key rows ``[k0, k1)`` and how many of its first queries see
+    no key (all of them when it has no keys)."""
+    right = right_bound(is_causal, window)
+    bounds = cu_q.tolist(), cu_k.tolist()
+    for q0, q1, k0, k1 in zip(bounds[0], bounds[0][1:], bounds[1], bounds[1][1:], strict=False):
+        n_q, n_k = q1 - q0, k1 - k0
+        blind = n_q if n_k == 0 else (0 if right is None else min(n_q, max(0, n_q - n_k - right)))
+        yield q0, q1, k0, k1, blind
+
+
+def _heads_first(*tensors: Tensor) -> list[Tensor]:
+    """``(seq, H, d)`` pieces as ``(1, H, seq, d)`` views."""
+    return [t.transpose(0, 1).unsqueeze(0) for t in tensors]
+
+
+def varlen_forward(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, is_causal: bool, window: Window,
+    scale: float | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Packed documents ``q (total_q, H_q, d)``, ``k, v (total_k, H_kv, d)``: ``o`` like ``q`` and ``lse``
+    ``(H_q, total_q)``, one tiled call per document; rows that see no key get ``o = 0``, ``lse = -inf``."""
+    o = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=_accumulator_dtype(q.dtype),
+                     device=q.device)  # fmt: skip
+    for q0, q1, k0, k1, blind in _documents(cu_q, cu_k, is_causal, window):
+        if blind < q1 - q0:
+            rows = slice(q0 + blind, q1)
+            o_doc, lse_doc = tiled_forward(*_heads_first(q[rows], k[k0:k1], v[k0:k1]), is_causal,
+                                           window=window, scale=scale)  # fmt: skip
+            o[rows] = o_doc[0].transpose(0, 1)
+            lse[:, rows] = lse_doc[0]
+    return o, lse
+
+
+def varlen_backward(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, cu_q: Tensor, cu_k: Tensor,
+    is_causal: bool, window: Window, scale: float | None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Gradients of :func:`varlen_forward`, one document at a time (rows that see no key get none)."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for q0, q1, k0, k1, blind in _documents(cu_q, cu_k, is_causal, window):
+        if blind < q1 - q0:
+            rows = slice(q0 + blind, q1)
+            pieces = _heads_first(q[rows], k[k0:k1], v[k0:k1], o[rows], do[rows])
+            grads = tiled_backward(*pieces[:4], lse[:, rows].unsqueeze(0), pieces[4], is_causal,
+                                   window=window, scale=scale)  # fmt: skip
+            dq[rows], dk[k0:k1], dv[k0:k1] = (g[0].transpose(0, 1) for g in grads)
+    return dq, dk, dv
+
+
 class FlashAttention2PyTorch(torch.autograd.Function):
-    """``FlashAttention2PyTorch.apply(q, k, v, is_causal=False, window=None) -> o``, ``(..., H, seq, d)``."""
+    """``FlashAttention2PyTorch.apply(q, k, v, is_causal=False, window=None) -> o``, ``(..., H, seq, d)``;
+    once differentiable (a double backward raises)."""
 
     @staticmethod
     def forward(
@@ -157,6 +212,7 @@ class FlashAttention2PyTorch(torch.autograd.Function):
         return o
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         lse, q, k, v, o = ctx.saved_tensors
         q4 = as_4d(q)

@@ -9,14 +9,15 @@ A query row that sees no key (a document with no keys, or causal with more queri
 """
 
 import itertools
-import weakref
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from flashattn.dispatch import choose
-from flashattn.inputs import Window, check_heads, check_tensors, check_window, right_bound
+from flashattn import ops
+from flashattn.attention import autocast_inputs, check_scale
+from flashattn.dispatch import plan
+from flashattn.inputs import ANY_FLOAT, Varlen, Window, check_heads, check_tensors, check_window
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
@@ -43,47 +44,53 @@ def positions_in_documents(cu_seqlens: Tensor) -> Tensor:
     )
 
 
-# id(cu) -> (weak reference to cu, cu._version, packed total, longest document) of the tensors whose values
-# were checked, so a model that passes one cu_seqlens to every layer reads it on the host once
-_checked: dict[int, tuple[weakref.ref, int, int, int]] = {}
-
-
-def _longest(cu: Tensor, name: str, total: int) -> int:
-    """The longest document of ``cu`` after checking it rises from 0 to ``total``; read on the host once per
-    tensor and total (again after an in-place change, which bumps ``cu._version``)."""
-    seen = _checked.get(id(cu))
-    if seen is not None and seen[0]() is cu and seen[1:3] == (cu._version, total):
-        return seen[3]
+def _check_lengths_on_host(cu: Tensor, name: str, total: int, max_seqlen: int) -> None:
+    """Read ``cu`` (one small copy) and refuse it unless it rises from 0 to ``total`` in steps of at most
+    ``max_seqlen``."""
     values = cu.tolist()
     lengths = [b - a for a, b in itertools.pairwise(values)]
     if values[0] != 0 or values[-1] != total or min(lengths) < 0:
         raise ValueError(
             f"{name} must rise from 0 to {total} (the packed length), got {values[:4]}...{values[-2:]}"
         )
-    key = id(cu)
-    _checked[key] = (weakref.ref(cu, lambda _, key=key: _checked.pop(key, None)), cu._version, total,
-                     max(lengths))  # fmt: skip
-    return max(lengths)
+    if max(lengths) > max_seqlen:
+        raise ValueError(f"max_seqlen for {name} must be >= the longest document {max(lengths)}, "
+                         f"got {max_seqlen}")  # fmt: skip
 
 
-def check_cu_seqlens(cu: Tensor, name: str, total: int, max_seqlen: int, device: torch.device) -> None:
+def _checked_on_device(cu: Tensor, name: str, total: int, max_seqlen: int) -> Tensor:
+    """``cu`` clamped into ``[0, total]`` and made non-decreasing, so no kernel reads outside the packed
+    tensors whatever its values; a device-side assertion reports a bad ``cu`` without a host sync (the error
+    surfaces at the next synchronisation)."""
+    lengths = cu.diff()
+    ok = (cu[0] == 0) & (cu[-1] == total) & (lengths.min() >= 0) & (lengths.max() <= max_seqlen)
+    torch._assert_async(ok, f"{name} must rise from 0 to {total} with documents of at most {max_seqlen}")
+    return torch.cummax(cu.clamp(0, total), dim=0).values.to(torch.int32)
+
+
+def check_cu_seqlens(
+    cu: Tensor, name: str, total: int, max_seqlen: int, device: torch.device, validate: bool = False
+) -> Tensor:
     """``cu``: int32 ``(docs + 1,)`` on ``device``, rising from 0 to ``total``, longest <= ``max_seqlen``.
 
-    The values are read on the host (one small copy) the first time a tensor is checked, and again only after
-    it changes in place."""
+    The values are read on the host for CPU tensors or with ``validate`` (outside ``torch.compile``); CUDA
+    tensors are checked on the device instead, and the returned tensor is clamped so that the kernels stay
+    inside the packed tensors even when the check fails."""
     if not isinstance(cu, Tensor) or cu.dtype != torch.int32 or cu.ndim != 1 or cu.numel() < 2:
         what = f"{cu.dtype} {tuple(cu.shape)}" if isinstance(cu, Tensor) else type(cu).__name__
         raise ValueError(f"{name} must be an int32 tensor (docs + 1,) with at least 2 entries, got {what}")
     if cu.device != device:
         raise ValueError(f"{name} is on {cu.device} but q is on {device}; they must match")
-    longest = _longest(cu, name, total)
-    if not isinstance(max_seqlen, int) or longest > max_seqlen:
-        raise ValueError(f"max_seqlen for {name} must be an int >= the longest document {longest}, "
-                         f"got {max_seqlen!r}")  # fmt: skip
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"max_seqlen for {name} must be an int >= 0, got {max_seqlen!r}")
+    if (cu.device.type == "cpu" or validate) and not torch.compiler.is_compiling():
+        _check_lengths_on_host(cu, name, total, max_seqlen)
+        return cu
+    return _checked_on_device(cu, name, total, max_seqlen)
 
 
-def _check(q, k, v, cu_q, cu_k, max_q, max_k, is_causal) -> None:
-    check_tensors(q, k, v, (torch.float16, torch.bfloat16, torch.float32, torch.float64), min_ndim=3)
+def _check(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, validate) -> tuple[Tensor, Tensor]:
+    check_tensors(q, k, v, ANY_FLOAT, min_ndim=3)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 3:
             raise ValueError(f"{name} must have shape (total, heads, head_dim), got {tuple(t.shape)}")
@@ -94,54 +101,35 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, is_causal) -> None:
         )
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    check_cu_seqlens(cu_q, "cu_seqlens_q", q.shape[0], max_q, q.device)
-    check_cu_seqlens(cu_k, "cu_seqlens_k", k.shape[0], max_k, q.device)
+    cu_q = check_cu_seqlens(cu_q, "cu_seqlens_q", q.shape[0], max_q, q.device, validate)
+    cu_k = check_cu_seqlens(cu_k, "cu_seqlens_k", k.shape[0], max_k, q.device, validate)
     if cu_q.numel() != cu_k.numel():
         raise ValueError(
-            f"cu_seqlens_q has {cu_q.numel()} entries but cu_seqlens_k {cu_k.numel()}; one per document"
+            f"cu_seqlens_q has {cu_q.numel()} entries but cu_seqlens_k {cu_k.numel()}; one per document + 1"
         )
+    return cu_q, cu_k
 
 
-def _pytorch_varlen(q, k, v, cu_q, cu_k, is_causal: bool, window: Window) -> Tensor:
-    """One tiled-PyTorch call per document; rows that see no key (a prefix of the document) are zeros."""
-    from flashattn.pytorch_flash import FlashAttention2PyTorch
-
-    right = right_bound(is_causal, window)
-    pieces = []
-    for q0, q1, k0, k1 in zip(
-        cu_q.tolist(), cu_q.tolist()[1:], cu_k.tolist(), cu_k.tolist()[1:], strict=False
-    ):
-        n_q, n_k = q1 - q0, k1 - k0
-        blind = n_q if n_k == 0 else (0 if right is None else min(n_q, max(0, n_q - n_k - right)))
-        if blind:
-            pieces.append(q.new_zeros(blind, *q.shape[1:]))
-        if blind < n_q:
-            heads_first = (t.transpose(0, 1) for t in (q[q0 + blind : q1], k[k0:k1], v[k0:k1]))
-            pieces.append(FlashAttention2PyTorch.apply(*heads_first, is_causal, window).transpose(0, 1))
-    return torch.cat(pieces) if pieces else q.new_zeros(q.shape)
-
-
-def _run(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window) -> Tensor:
-    if choose(q, k, v, is_causal, window, varlen=True).name == "triton":
-        from flashattn.triton_flash import FlashAttentionVarlenTriton
-
-        return FlashAttentionVarlenTriton.apply(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window)
-    return _pytorch_varlen(q, k, v, cu_q, cu_k, is_causal, window)
-
-
-@torch.compiler.disable
 def flash_attention_varlen(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-    max_seqlen_k: int, is_causal: bool = False, window: Window = None,
-) -> Tensor:  # fmt: skip
-    """Attention ``(total_q, H_q, d)`` of packed documents with autograd (layout in the module docstring).
+    max_seqlen_k: int, is_causal: bool = False, window: Window = None, *, softmax_scale: float | None = None,
+    return_lse: bool = False, validate: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
+    """Attention ``(total_q, H_q, d)`` of packed documents, differentiable (layout in the module docstring).
 
-    Checks the cumulative lengths on the host the first time each tensor is seen (one small copy), so passing
-    the same ``cu_seqlens`` to every layer of a model reads it once.
+    ``max_seqlen_q/k`` bound the documents' lengths, as in flash-attn; the cumulative lengths are checked on
+    the host for CPU tensors (or with ``validate=True``) and on the device otherwise, without a host sync,
+    so a compiled step can be captured in a CUDA graph. ``softmax_scale``, ``return_lse`` (fp32 ``(H_q,
+    total_q)``) and autocast as :func:`flashattn.flash_attention`.
     """
     window = check_window(window)
-    _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal)
-    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, window)
+    cu_q, cu_k = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, validate)
+    q, k, v = autocast_inputs(q, k, v)
+    scale = check_scale(softmax_scale, q.shape[-1])
+    kernels = plan(q, k, v, is_causal, window, Varlen(cu_q, cu_k, max_seqlen_q, max_seqlen_k))
+    o, lse = ops.VarlenAttention.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, is_causal,
+                                None if window is None else list(window), scale, *kernels)  # fmt: skip
+    return (o, lse) if return_lse else o
 
 
 def packed_attention(cu_seqlens: Tensor, max_seqlen: int, window: Window = None) -> AttentionFn:
@@ -152,16 +140,15 @@ def packed_attention(cu_seqlens: Tensor, max_seqlen: int, window: Window = None)
     ``token_positions=positions_in_documents(cu_seqlens)`` so rotary positions restart in each document.
     """
     window = check_window(window)
-    total = int(cu_seqlens[-1]) if isinstance(cu_seqlens, Tensor) and cu_seqlens.numel() else -1
-    check_cu_seqlens(cu_seqlens, "cu_seqlens", total, max_seqlen, cu_seqlens.device)
+    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be a 1-D int32 tensor (docs + 1,), got {cu_seqlens!r}")
 
     def attend(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
         batch, _, seq, _ = q.shape
-        if batch * seq != total:
-            raise ValueError(f"q has {batch} x {seq} tokens but cu_seqlens packs {total}")
         packed = [t.transpose(1, 2).reshape(batch * seq, t.shape[1], t.shape[3]) for t in (q, k, v)]
-        _check(*packed, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal)  # values read once, above
-        out = _run(*packed, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal, window)
+        out = flash_attention_varlen(
+            *packed, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal, window
+        )
         return out.reshape(batch, seq, *out.shape[1:]).transpose(1, 2)
 
-    return torch.compiler.disable(attend)
+    return attend

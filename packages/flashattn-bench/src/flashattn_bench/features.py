@@ -22,13 +22,12 @@ import math
 
 import pandas as pd
 import torch
-from torch.nn.attention import SDPBackend
-
 from flashattn.benchutil import sdpa, time_passes
 from flashattn.dispatch import pinned_kernels
 from flashattn.precompile import Variant
 from flashattn.triton_flash import FlashAttention2Triton
 from flashattn.varlen import flash_attention_varlen
+from torch.nn.attention import SDPBackend
 
 FEATURE_VARIANTS = [Variant(128, "bf16", True), Variant(256, "bf16", True),
                     Variant(128, "bf16", True, varlen=True), Variant(128, "bf16", True, window=(1, 0)),

@@ -71,11 +71,10 @@ def main() -> None:
     require_cuda("flashattn.bench_pytorch_attention")
     import pandas as pd
     import torch
-    from harness.environment import environment
-    from harness.results import to_markdown, write_table
-
     from flashattn.benchutil import DTYPES
     from flashattn.plain import naive_attention
+    from harness.environment import environment
+    from harness.results import to_markdown, write_table
 
     dtype = DTYPES[args.dtype]
     env = environment()

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from harness.environment import environment
-from harness.results import new_figure, save_figure, to_markdown, write_table
-
 from flashattn import benchutil
 from flashattn.bench_features import FEATURE_VARIANTS, feature_table
 from flashattn.benchutil import DTYPES, matmul_tflops, time_passes
 from flashattn.dispatch import pinned_kernels
 from flashattn.precompile import Variant, precompile
+from harness.environment import environment
+from harness.results import new_figure, save_figure, to_markdown, write_table
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 OURS = (

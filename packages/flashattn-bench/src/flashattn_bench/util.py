@@ -5,11 +5,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from harness.timing import do_bench
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
 from flashattn.plain import naive_attention
 from flashattn.triton_flash import FlashAttention2Triton
+from harness.timing import do_bench
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

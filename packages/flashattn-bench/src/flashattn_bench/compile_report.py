@@ -40,7 +40,6 @@ KERNELS = ("forward", "dq", "dkdv", "dkdvdq")
 def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: bool = False) -> tuple:
     """``(jit function, descriptors by argument name, scalar types, constexprs, maxnreg)`` of one kernel."""
     import torch
-
     from flashattn.hopper import gluon_descriptor
     from flashattn.hopper_tiles import GluonTile, configs_for
 

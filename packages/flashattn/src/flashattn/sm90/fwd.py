@@ -8,17 +8,16 @@ One program owns ``2 * BLOCK_M`` query rows of one (batch, head). Three partitio
 - two consumer warpgroups (4 warps each, the default partition and one worker), each on ``BLOCK_M`` rows,
   sharing every K/V tile. Inside a warpgroup, ``S_j = Q K_j^T`` is issued asynchronously before the
   softmax of ``S_{j-1}`` and the product ``O += P_{j-1} V_{j-1}`` run, so the tensor cores work while the
-  warpgroup does exponentials (FlashAttention-3's intra-warpgroup pipelining). With ``PINGPONG`` the two
-  warpgroups take turns to issue their products (two mbarriers pass the turn back and forth), so one's
-  softmax runs while the other's products do; without it the warp schedulers interleave them as they come.
+  warpgroup does exponentials (FlashAttention-3's intra-warpgroup pipelining); the warp schedulers
+  interleave the two warpgroups' products as they come.
 
 ``P`` stays in registers as the A operand of the second product (no shared-memory round trip). Scores are in
 base-2 units (``qk_scale = log2(e) / sqrt(d)``); only tiles at the causal diagonal or the keys' end are
 masked. With a sliding window (``WINDOW``) a program walks only the key tiles of its rows' band and masks
 the tiles at both of its edges. Tensors are addressed through 4-D ``(batch, heads, seq, d)`` descriptors
 with ``(1, 1, rows, d)`` blocks, so the copy engine zero-fills reads past a sequence's end and clips the
-output store there. ``LSE`` is written in natural-log units, fp32 ``(batch * heads, seq_q)``, as
-:mod:`flashattn.hopper_fwd` does.
+output store there. ``LSE`` is written in natural-log units, fp32 ``(batch * heads, seq_q)``, as the
+portable forward writes it.
 """
 
 from triton.experimental import gluon
@@ -31,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashattn.gluon_common import key_range, query_tile, ring_barriers
+from flashattn.sm90.common import key_range, query_tile, ring_barriers
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -116,24 +115,6 @@ def _load_partition(
 
 
 @gluon.jit
-def _wait_turn(turn, t, HALF: gl.constexpr, PINGPONG: gl.constexpr):
-    """Before issuing its ``t``-th group of products, a consumer waits until the other has issued as many
-    (consumer 0 goes first: its ``t``-th turn follows consumer 1's ``t - 1``-th)."""
-    if PINGPONG:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if HALF == 1 or t > 0:
-            mbarrier.wait(turn.index(HALF), (t + HALF + 1) & 1)
-
-
-@gluon.jit
-def _pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
-    """After issuing a group of products, hand the turn to the other consumer. One thread arrives, after a
-    barrier of the warpgroup: every warp has then passed its wait, so none can miss that phase."""
-    if PINGPONG:
-        gl.thread_barrier()
-        mbarrier.arrive(turn.index(1 - HALF), count=1)
-
-
-@gluon.jit
 def _softmax_step(
     s, row_max, row_sum, j, mask, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
     s_layout: gl.constexpr,
@@ -172,20 +153,18 @@ def _softmax_step(
 def _overlapped(
     q, ring, state, mask, n_kv, base, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr,
-    o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
+    o_layout: gl.constexpr, p_layout: gl.constexpr, HALF: gl.constexpr,
 ):  # fmt: skip
     """The key loop with ``S_j = Q K_j^T`` issued before ``O += P_{j-1} V_{j-1}`` and the softmax of
-    ``S_j`` computed while that product runs; ``n_kv + 1`` groups of products, each issued in turn. The
+    ``S_j`` computed while that product runs; ``n_kv + 1`` groups of products. The
     loop's tile ``j`` is the program's ``base + j``-th (:func:`_load_partition`)."""
-    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn = ring
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ring
     acc, row_max, row_sum = state
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     first = base % STAGES
     mbarrier.wait(k_ready.index(first), (base // STAGES) & 1)
     k_t = k_smem.index(first).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    _wait_turn(turn, 0, HALF, PINGPONG)
     s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
-    _pass_turn(turn, HALF, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(first), count=1)
     p, row_max, row_sum, alpha = _softmax_step(
@@ -199,10 +178,8 @@ def _overlapped(
         mbarrier.wait(k_ready.index(slot), (t // STAGES) & 1)
         mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
         k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        _wait_turn(turn, j, HALF, PINGPONG)
         s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)  # next scores, issued first
         acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        _pass_turn(turn, HALF, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # the scores are done; P V may still run
         mbarrier.arrive(k_empty.index(slot), count=1)
         p_next, row_max, row_sum, alpha = _softmax_step(
@@ -215,41 +192,9 @@ def _overlapped(
         p = p_next
     last = (base + n_kv - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((base + n_kv - 1) // STAGES) & 1)
-    _wait_turn(turn, n_kv, HALF, PINGPONG)
     acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-    _pass_turn(turn, HALF, PINGPONG)
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
     mbarrier.arrive(v_empty.index(last), count=1)
-    return acc, row_max, row_sum
-
-
-@gluon.jit
-def _sequential(
-    q, ring, state, mask, n_kv, base, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr,
-    o_layout: gl.constexpr, p_layout: gl.constexpr,
-):  # fmt: skip
-    """The key loop without overlap inside the warpgroup (the ablation's baseline): scores, softmax, P V."""
-    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, _ = ring
-    acc, row_max, row_sum = state
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    for j in range(n_kv):
-        slot = (base + j) % STAGES
-        phase = ((base + j) // STAGES) & 1
-        mbarrier.wait(k_ready.index(slot), phase)
-        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        p, row_max, row_sum, alpha = _softmax_step(
-            s, row_max, row_sum, j, mask, BLOCK_N, CAUSAL, WINDOW, s_layout
-        )
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p = gl.convert_layout(p.to(q.dtype), p_layout)
-        mbarrier.wait(v_ready.index(slot), phase)
-        acc = warpgroup_mma(p, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-        mbarrier.arrive(v_empty.index(slot), count=1)
     return acc, row_max, row_sum
 
 
@@ -257,7 +202,7 @@ def _sequential(
 def _consumer_item(
     part, w, base, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-    OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
+    CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup's ``BLOCK_M`` query rows (part ``HALF``) of work item ``w``, whose rows have landed,
     over the item's key tiles (the program's from ``base`` on); return ``base`` for the next item. ``part``
@@ -266,7 +211,7 @@ def _consumer_item(
     desc_o, LSE = out
     _, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale = where
     q_smem, k_smem, v_smem, o_smem, _ = smem
-    _, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
+    _, q_empty, k_ready, k_empty, v_ready, v_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_N, 16])  # fmt: skip
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -289,18 +234,12 @@ def _consumer_item(
         gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout)),
     )
     mask = (lo, mask_until, mask_from, offs_m, seq_k, lo_off, hi_off, qk_scale)
-    ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn)
+    ring = (k_smem, v_smem, k_ready, k_empty, v_ready, v_empty)
     q = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
-    if OVERLAP:
-        acc, row_max, row_sum = _overlapped(
-            q, ring, state, mask, n_kv, base, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, WINDOW, s_layout,
-            o_layout, p_layout, HALF, PINGPONG,
-        )  # fmt: skip
-    else:
-        acc, row_max, row_sum = _sequential(
-            q, ring, state, mask, n_kv, base, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, WINDOW, s_layout,
-            o_layout, p_layout,
-        )  # fmt: skip
+    acc, row_max, row_sum = _overlapped(
+        q, ring, state, mask, n_kv, base, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, WINDOW, s_layout,
+        o_layout, p_layout, HALF,
+    )  # fmt: skip
     o_tile = o_smem.index(HALF)
     if PERSISTENT:  # every product has completed: the load warp may bring the next item's rows
         mbarrier.arrive(q_empty.index(HALF), count=1)
@@ -317,8 +256,8 @@ def _consumer_item(
 @gluon.jit
 def _consumer(
     part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, CONSUMERS: gl.constexpr,
+    PERSISTENT: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: rows ``HALF`` of the program's work item, or with ``PERSISTENT`` of each of
     its items in turn (:func:`_consumer_item`).
@@ -338,55 +277,41 @@ def _consumer(
         base = 0
         while w < n_items:
             base = _consumer_item(part, w, base, HALF, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW,
-                                  OVERLAP, PINGPONG, CONSUMERS, True)  # fmt: skip
+                                  CONSUMERS, True)  # fmt: skip
             it += 1
             mbarrier.wait(q_bar.index(HALF), it & 1)
             w = gl.max(items.load(index_layout), 0)
     else:
         mbarrier.wait(q_bar.index(HALF), 0)
         _consumer_item(part, gl.program_id(0), 0, HALF, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW,
-                       OVERLAP, PINGPONG, CONSUMERS, False)  # fmt: skip
+                       CONSUMERS, False)  # fmt: skip
     tma.store_wait(0)
 
 
 @gluon.jit
 def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-    CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
     """The second consumer warpgroup: the second ``BLOCK_M`` query rows of each item."""
-    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG, CONSUMERS,
-              PERSISTENT)  # fmt: skip
-
-
-@gluon.jit
-def _third_consumer(
-    part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
-):  # fmt: skip
-    """The third consumer warpgroup (``CONSUMERS == 3``): the last ``BLOCK_M`` query rows of each item."""
-    _consumer(part, 2, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False, 3, PERSISTENT)
+    _consumer(part, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, CONSUMERS, PERSISTENT)
 
 
 @gluon.jit(do_not_specialize=["n_items", "n_heads", "group", "seq_q", "seq_k", "left", "right"])
 def gluon_fwd_kernel(
     desc_q, desc_k, desc_v, desc_o, LSE, claims, n_items, n_heads, group, seq_q, seq_k, left, right, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, CONSUMERS: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PERSISTENT: gl.constexpr,
 ):  # fmt: skip
     """Program ``w`` takes work item ``w`` of the ``n_items`` (``PERSISTENT``: ``G`` programs, one an SM,
     each claiming the next unstarted item from the zeroed int32 counter ``claims`` when it is nearly done
-    with one), each ``CONSUMERS * BLOCK_M`` query rows of one (batch, head) (one consumer warpgroup each, 1
-    to 3), heaviest (last) tile first within each (batch, head); ``OVERLAP`` pipelines the key loop inside a
-    warpgroup and ``PINGPONG`` (two consumers, overlapped, one item) makes the two take turns to issue their
-    products. ``PERSISTENT`` stages outputs in tiles of their own, so the next item's rows load while the
-    last item's output is written. ``WINDOW``: query ``i`` sees keys ``i + shift - left
-    ... i + shift + right`` (``shift = seq_k - seq_q``, ``right >= -shift``, so every query sees a key;
-    ``right`` is 0 when ``CAUSAL``); a program walks only the key tiles its rows see."""
-    gl.static_assert(not PINGPONG or (CONSUMERS == 2 and OVERLAP), "PINGPONG needs two overlapped consumers")
-    gl.static_assert(not (PINGPONG and PERSISTENT), "PINGPONG counts its turns within one item")
+    with one), each ``2 * BLOCK_M`` query rows of one (batch, head) (one consumer warpgroup each),
+    heaviest (last) tile first within each (batch, head). ``PERSISTENT`` stages outputs in tiles of their
+    own, so the next item's rows load while the last item's output is written. ``WINDOW``: query ``i`` sees
+    keys ``i + shift - left ... i + shift + right`` (``shift = seq_k - seq_q``, ``right >= -shift``, so
+    every query sees a key; ``right`` is 0 when ``CAUSAL``); a program walks only the key tiles its rows
+    see."""
+    CONSUMERS: gl.constexpr = 2
     lo_off = seq_k - seq_q - left
     hi_off = seq_k - seq_q + right
 
@@ -409,50 +334,21 @@ def gluon_fwd_kernel(
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
     k_ready, k_empty, v_ready, v_empty = ring_barriers(STAGES, CONSUMERS)  # every consumer releases each slot
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # consumer h waits on [h]
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
 
     smem = (q_smem, k_smem, v_smem, o_smem, items)
-    bars = (q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn)
+    bars = (q_bar, q_empty, k_ready, k_empty, v_ready, v_empty)
     where = (n_items, n_heads, group, seq_q, seq_k, lo_off, hi_off, qk_scale)
     part = ((desc_o, LSE), smem, bars, where)
     loads = (desc_q, desc_k, desc_v, smem, bars, where, claims)
-    # workers: the other consumers (4 warps each) and the loader (1 warp, 24 registers); the default partition
-    # (the first consumer) gets the rest of maxnreg's budget: 240 with two consumers, 168 with three
-    if CONSUMERS == 3:
-        gl.warp_specialize(
-            [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False, 3,
-                             PERSISTENT)),
-                (_consumer_worker,
-                 (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False, 3, PERSISTENT)),
-                (_third_consumer, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP,
-                                   PERSISTENT)),
-                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, PERSISTENT)),
-            ],
-            [4, 4, 1],
-            [160, 160, 24],
-        )  # fmt: skip
-    elif CONSUMERS == 2:
-        gl.warp_specialize(
-            [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, PINGPONG,
-                             2, PERSISTENT)),
-                (_consumer_worker, (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP,
-                                    PINGPONG, 2, PERSISTENT)),
-                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, PERSISTENT)),
-            ],
-            [4, 1],
-            [240, 24],
-        )  # fmt: skip
-    else:
-        gl.warp_specialize(
-            [
-                (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, OVERLAP, False, 1,
-                             PERSISTENT)),
-                (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, PERSISTENT)),
-            ],
-            [1],
-            [24],
-        )  # fmt: skip
+    # workers: the second consumer (4 warps) and the loader (1 warp, 24 registers); the default partition
+    # (the first consumer) gets the rest of maxnreg's budget: 240 registers
+    gl.warp_specialize(
+        [
+            (_consumer, (part, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, CONSUMERS, PERSISTENT)),
+            (_consumer_worker,
+             (part, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, WINDOW, CONSUMERS, PERSISTENT)),
+            (_load_partition, (loads, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, WINDOW, PERSISTENT)),
+        ],
+        [4, 1],
+        [240, 24],
+    )  # fmt: skip

@@ -6,13 +6,13 @@ order inside one program, so grouped-query attention needs no atomics and repeat
 kernel can compute only one of them (``WANT_DK`` / ``WANT_DV``): at head dim 256 the two ``(BLOCK_N, 256)``
 fp32 accumulators crowd the registers beside the recomputed probabilities, so dV (2 products a tile) and dK
 (3 products) can run as two programs of one accumulator each. Tile layout, strides and visibility are those of
-:mod:`flashattn.triton_fwd`.
+:mod:`flashattn.portable.fwd`.
 """
 
 import triton
 import triton.language as tl
 
-from flashattn.triton_fwd import (
+from flashattn.portable.fwd import (
     LOG2E,
     LSE_STRIDES,
     column_ranges,

@@ -85,7 +85,6 @@ def _runs(shape: tuple[int, ...], dtype, causal: bool, forward: TileConfig | Non
     """kernel name -> ``run(tiles)`` on random inputs of ``shape``; with ``forward=None`` the backward
     kernels read a zero ``lse`` and ``D`` (enough to compile them, no forward needed)."""
     import torch
-
     from flashattn.triton_flash import launch_delta, launch_dkdv, launch_dq, launch_forward
 
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
@@ -107,7 +106,6 @@ def _compile(job: tuple) -> tuple[str, TileConfig, float, str]:
     """One kernel launched once at the tuned shape in a worker process, so it lands in Triton's cache
     with the specialisation the timing uses."""
     import torch
-
     from flashattn.benchutil import DTYPES
 
     kernel, cfg, shape, dtype, causal = job
@@ -168,11 +166,10 @@ def main() -> None:
     import pandas as pd
     import torch
     from analysis.accounting import attention_flops
-    from harness.environment import environment
-    from harness.results import to_markdown, write_table
-
     from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, time_passes
     from flashattn.triton_flash import configs_for
+    from harness.environment import environment
+    from harness.results import to_markdown, write_table
 
     causal, dtype = not args.non_causal, DTYPES[args.dtype]
     lists = candidates_for(dtype, args.head_dim, estimate=not args.all)

@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashattn.gluon_common import key_range, query_tile, ring_barriers
+from flashattn.sm90.common import key_range, query_tile, ring_barriers
 
 LOG2E = gl.constexpr(1.4426950408889634)
 

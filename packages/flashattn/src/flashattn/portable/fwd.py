@@ -15,6 +15,9 @@ import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
+# Whether these kernels were defined for Triton's interpreter (TRITON_INTERPRET=1 when they were defined: the
+# decorator decides then, so later changes of the setting do not apply to them)
+INTERPRETED: bool = triton.knobs.runtime.interpret
 # The lse / D strides follow the length (seq, or the packed total): left unspecialised like the lengths, so a
 # kernel compiled at one length (flashattn.precompile's tiny runs) serves every other.
 LSE_STRIDES = ("stride_lb", "stride_lh")

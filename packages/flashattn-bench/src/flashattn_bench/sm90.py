@@ -108,12 +108,11 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
     """Append the rows of one (length, causal) shape: references first, then every step."""
     import torch
     from analysis.accounting import attention_flops
-    from harness.timing import do_bench
-    from torch.nn.attention import SDPBackend
-
     from flashattn import hopper
     from flashattn.benchutil import sdpa
     from flashattn.hopper_tiles import HopperConfigs, HopperTile, configs_for, pinned_configs
+    from harness.timing import do_bench
+    from torch.nn.attention import SDPBackend
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     kv_heads = args.kv_heads or args.heads

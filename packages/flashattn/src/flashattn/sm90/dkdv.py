@@ -9,7 +9,7 @@ query head of the GQA group:
 Rows of ``S`` are queries, so ``L`` and ``D`` are row vectors (two registers a thread); ``P`` and ``dS`` go
 through shared memory (two buffers each per warpgroup) to be read transposed as the A operands of the last
 two products, which frees their registers. A load warp streams the ``Q`` and ``dO`` tiles through ``STAGES``
-shared-memory slots (ready/empty mbarriers per slot, released by both consumers). With ``OVERLAP`` a
+shared-memory slots (ready/empty mbarriers per slot, released by both consumers). A
 warpgroup issues the next tile's ``S`` and ``dP`` before the current ``dV, dK`` products and computes the next
 ``P`` and ``dS`` while those run (it then holds two query tiles: a third slot loads ahead). Query tiles that
 see none of the program's keys are skipped (causal: the walk starts at the first that does; a sliding
@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashattn.gluon_common import ring_barriers
+from flashattn.sm90.common import ring_barriers
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -180,42 +180,34 @@ def _store_grads(dk, dv, k_out, v_out, desc_dk, desc_dv, coord):
 def _walk(
     dk, dv, walk, ops, grads, bars, n_steps, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-    OVERLAP: gl.constexpr, s_layout: gl.constexpr,
+    s_layout: gl.constexpr,
 ):  # fmt: skip
     """``dK, dV`` summed over the ``n_steps >= 1`` query tiles of the walk; every slot released after use.
     ``bars = (q_empty, do_empty)``."""
     q_empty, do_empty = bars
-    if OVERLAP:  # step i's S and dP are issued before step i - 1's dV and dK products
-        s, dp = _issue_scores(0, walk, BLOCK_M, HEAD_DIM, STAGES)
-        _stage_operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, WINDOW, s_layout)
-        for i in range(1, n_steps):
-            s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
-            dk, dv = _issue_grads(i - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
-            _stage_operands(i, s, dp, grads, 2, BLOCK, BLOCK_M, CAUSAL, WINDOW, s_layout)
-            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-            prev = (i - 1) % STAGES
-            mbarrier.arrive(q_empty.index(prev), count=1)
-            mbarrier.arrive(do_empty.index(prev), count=1)
-        dk, dv = _issue_grads(n_steps - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
+    # step i's S and dP are issued before step i - 1's dV and dK products
+    s, dp = _issue_scores(0, walk, BLOCK_M, HEAD_DIM, STAGES)
+    _stage_operands(0, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, WINDOW, s_layout)
+    for i in range(1, n_steps):
+        s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
+        dk, dv = _issue_grads(i - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
+        _stage_operands(i, s, dp, grads, 2, BLOCK, BLOCK_M, CAUSAL, WINDOW, s_layout)
         dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-        last = (n_steps - 1) % STAGES
-        mbarrier.arrive(q_empty.index(last), count=1)
-        mbarrier.arrive(do_empty.index(last), count=1)
-    else:
-        for i in range(n_steps):
-            s, dp = _issue_scores(i, walk, BLOCK_M, HEAD_DIM, STAGES)
-            _stage_operands(i, s, dp, grads, 0, BLOCK, BLOCK_M, CAUSAL, WINDOW, s_layout)
-            dk, dv = _issue_grads(i, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
-            dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-            mbarrier.arrive(q_empty.index(i % STAGES), count=1)
-            mbarrier.arrive(do_empty.index(i % STAGES), count=1)
+        prev = (i - 1) % STAGES
+        mbarrier.arrive(q_empty.index(prev), count=1)
+        mbarrier.arrive(do_empty.index(prev), count=1)
+    dk, dv = _issue_grads(n_steps - 1, dk, dv, walk, ops, BLOCK_M, HEAD_DIM, STAGES)
+    dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+    last = (n_steps - 1) % STAGES
+    mbarrier.arrive(q_empty.index(last), count=1)
+    mbarrier.arrive(do_empty.index(last), count=1)
     return dk, dv
 
 
 @gluon.jit
 def _consumer(
     part, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup's ``BLOCK`` keys (half ``HALF`` of the program's) over every query tile of the group
     that sees them (none: zero ``dK, dV``, possible only with a window).
@@ -240,9 +232,9 @@ def _consumer(
     walked = (dk, dv, walk, ops, grads, (q_empty, do_empty), n_steps)
     if WINDOW:  # a compile-time branch: the dense kernels need no test (and spill with it at d 128)
         if n_steps > 0:  # a window can leave the keys without queries
-            dk, dv = _walk(*walked, BLOCK, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, WINDOW, OVERLAP, s_layout)
+            dk, dv = _walk(*walked, BLOCK, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, WINDOW, s_layout)
     else:
-        dk, dv = _walk(*walked, BLOCK, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, WINDOW, OVERLAP, s_layout)
+        dk, dv = _walk(*walked, BLOCK, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, WINDOW, s_layout)
     # K and V of this half are read by this warpgroup only: their slots stage its outputs
     _store_grads(dk * sm_scale, dv, k_smem.index(HALF), v_smem.index(HALF), desc_dk, desc_dv, [b, hk, n0, 0])
 
@@ -250,10 +242,10 @@ def _consumer(
 @gluon.jit
 def _consumer_worker(
     part, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
 ):  # fmt: skip
     """The second consumer warpgroup: the program's second ``BLOCK`` keys."""
-    _consumer(part, 1, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW, OVERLAP)
+    _consumer(part, 1, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW)
 
 
 @gluon.jit
@@ -314,7 +306,7 @@ def gluon_dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE, DELTA, n_heads, group, seq_q, seq_k,
     left, right, qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, OVERLAP: gl.constexpr, TILE_MAJOR: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, TILE_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """Program ``w``: ``dK, dV`` of ``2 * BLOCK`` keys of one K/V head over its ``group`` query heads; within
     each (batch, K/V head) the earliest keys (the most causal work) go first, or with ``TILE_MAJOR`` the
@@ -339,8 +331,8 @@ def gluon_dkdv_kernel(
     loads = (desc_q, desc_k, desc_v, desc_do, smem, bars, b, hk, group, start_n, first_m, count)
     gl.warp_specialize(
         [
-            (_consumer, (part, 0, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW, OVERLAP)),
-            (_consumer_worker, (part, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW, OVERLAP)),
+            (_consumer, (part, 0, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW)),
+            (_consumer_worker, (part, HEAD_DIM, BLOCK, BLOCK_M, STAGES, CAUSAL, WINDOW)),
             (_load_partition, (loads, BLOCK, BLOCK_M, STAGES)),
         ],
         [4, 1],
