@@ -14,7 +14,8 @@ import interpret_cases  # switches the interpreter on and patches it, before fla
 import torch
 from attention_oracle import attention, cu, packed, rel_err
 from flashattn import flash_attention_varlen, reference
-from flashattn.triton_flash import FlashAttention2Triton, TileConfig, pinned_configs
+from flashattn.portable.tiles import TileConfig
+from pinned_tiles import PortableVarlenWithTiles, PortableWithTiles
 
 # (name, heads q/kv, seq_q, seq_k, head_dim, causal, window, dtype)
 DENSE = [
@@ -56,17 +57,20 @@ def _randn(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def _dense(cases, results: dict) -> None:
+def _dense(cases, results: dict, tiles) -> None:
     for name, (hq, hkv), seq_q, seq_k, d, causal, window, dtype in cases:
         sizes = [(hq, seq_q), (hkv, seq_k), (hkv, seq_k), (hq, seq_q)]
         q, k, v, do = (_randn(2, h, s, d, seed=i) for i, (h, s) in enumerate(sizes))
         gold = _grads(lambda *t, c=causal, w=window: attention(*t, c, w), (q, k, v), do)
         low = [t.to(dtype) for t in (q, k, v)]
-        ours = _grads(lambda *t, c=causal, w=window: FlashAttention2Triton.apply(*t, c, w), low, do.to(dtype))
+        ours = _grads(
+            lambda *t, c=causal, w=window: PortableWithTiles.apply(tiles, *t, c, w), low, do.to(dtype)
+        )
         results[name] = _errors(ours, gold, dtype)
 
 
-def _packed(cases, results: dict) -> None:
+def _packed(cases, results: dict, attend) -> None:
+    """``attend(q, k, v, cu_q, cu_k, max_q, max_k, causal, window)`` against the oracle, twice."""
     for name, lens_q, lens_k, (hq, hkv), d, causal, window in cases:
         lens_k = lens_k or lens_q
         q, do = (_randn(sum(lens_q), hq, d, seed=i) for i in (0, 1))
@@ -75,7 +79,7 @@ def _packed(cases, results: dict) -> None:
             lambda *t, a=lens_q, b=lens_k, c=causal, w=window: packed(*t, a, b, c, w), (q, k, v), do
         )
         args = (cu(lens_q), cu(lens_k), max(lens_q), max(lens_k), causal, window)
-        runs = [_grads(lambda *t, a=args: flash_attention_varlen(*t, *a), [t.float() for t in (q, k, v)],
+        runs = [_grads(lambda *t, a=args: attend(*t, *a), [t.float() for t in (q, k, v)],
                        do.float()) for _ in range(2)]  # fmt: skip
         results[name] = _errors(runs[0], gold, torch.float32)
         results[name]["bitwise_repeat"] = float(all(torch.equal(a, b) for a, b in zip(*runs, strict=True)))
@@ -84,20 +88,20 @@ def _packed(cases, results: dict) -> None:
 def main() -> None:
     torch.set_num_threads(1)
     results = {}
-    with pinned_configs(SPLIT):
-        _dense(SPLIT_DENSE, results)
-        _packed(SPLIT_PACKED, results)
-    with pinned_configs(interpret_cases.PINNED):
-        _dense(DENSE, results)
-        _packed(PACKED, results)
-        q, k, v = (_randn(1, 2, 40, 16, seed=i).float() for i in range(3))
-        k[0, 0, 3, 5] = float("inf")
-        nan_rows = {}
-        for causal in (False, True):
-            want = reference(q, k, v, causal)[0].isnan().any(-1)
-            got = FlashAttention2Triton.apply(q, k, v, causal, None).isnan().any(-1)
-            nan_rows[f"causal={causal}"] = [int(want.sum()), int(got.sum()), int((want != got).sum())]
-        results["inf_key_nan_rows"] = nan_rows
+    pinned = interpret_cases.PINNED
+    _dense(SPLIT_DENSE, results, SPLIT)
+    _packed(SPLIT_PACKED, results, lambda *args: PortableVarlenWithTiles.apply(SPLIT, *args))
+    _dense(DENSE, results, pinned)
+    _packed(PACKED[:-1], results, lambda *args: PortableVarlenWithTiles.apply(pinned, *args))
+    _packed(PACKED[-1:], results, flash_attention_varlen)  # the public op, the table's tiles
+    q, k, v = (_randn(1, 2, 40, 16, seed=i).float() for i in range(3))
+    k[0, 0, 3, 5] = float("inf")
+    nan_rows = {}
+    for causal in (False, True):
+        want = reference(q, k, v, causal)[0].isnan().any(-1)
+        got = PortableWithTiles.apply(pinned, q, k, v, causal, None).isnan().any(-1)
+        nan_rows[f"causal={causal}"] = [int(want.sum()), int(got.sum()), int((want != got).sum())]
+    results["inf_key_nan_rows"] = nan_rows
     json.dump(results, sys.stdout)
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-COMMANDS = ["bench", "bench_pytorch_attention", "tune", "precompile"]
+COMMANDS = ["precompile"]
 PROBE = """
 import contextlib, io, json, runpy, sys
 import flashattn

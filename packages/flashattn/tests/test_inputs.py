@@ -46,7 +46,7 @@ def test_causal_with_more_queries_than_keys_is_refused(impl):
 
 
 def test_triton_refuses_cpu_tensors_without_interpreter():
-    with pytest.raises(ValueError, match="needs CUDA tensors"):
+    with pytest.raises(ValueError, match="need CUDA tensors"):
         FlashAttention2Triton.apply(*_qkv(), False)
 
 
