@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from flashattn.inputs import Window, as_4d, check_window
-from flashattn.kernels import KERNELS, Varlen
+from flashattn.inputs import Varlen, Window, as_4d, check_window
+from flashattn.kernels import KERNELS
 
 ORDER = ("sm90", "portable", "pytorch")
 

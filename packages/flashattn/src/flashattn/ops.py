@@ -18,7 +18,8 @@ total_q)``) and carries no gradient, as in flash-attn. Gradients of gradients ar
 import torch
 from torch import Tensor
 
-from flashattn.kernels import KERNELS, Varlen
+from flashattn.inputs import Varlen
+from flashattn.kernels import KERNELS
 
 DOUBLE_BACKWARD = (
     "flashattn computes first-order gradients only: differentiating its backward (create_graph=True, "
