@@ -281,7 +281,7 @@ class VerifyingReader(dcp.FileSystemReader):
 def load_pickled(folder: Path, metadata: Metadata, manifest: Manifest | None, key: str,
                  numpy_arrays: bool = False) -> Any:
     """The object ``save_sharded`` pickled under ``key`` (DCP's ``torch.save`` of our ``torch.save`` bytes),
-    checked against the manifest, unpickled with ``weights_only=True`` (``loads`` of ``checkpoint_pickle``)."""
+    checked against the manifest, unpickled with ``weights_only=True`` (``checkpoint_pickle``'s ``loads``)."""
     blob, where = read_item(folder, metadata, manifest, key)
     outer = loads(blob, where)
     if not isinstance(outer, bytes):
