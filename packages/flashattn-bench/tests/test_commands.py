@@ -9,11 +9,12 @@ import sys
 import pytest
 import torch
 
-COMMANDS = ["bench", "pytorch_attention", "tune", "sm90"]
+GPU_COMMANDS = ["bench", "pytorch_attention", "tune", "sm90", "host_time"]
+COMMANDS = [*GPU_COMMANDS, "compile_report"]  # compile_report compiles for sm90 on any machine
 PROBE = """
 import contextlib, io, json, runpy, sys
 import flashattn_bench
-result = {"import flashattn loads torch": "torch" in sys.modules}
+result = {"import flashattn_bench loads torch": "torch" in sys.modules}
 mode, commands = sys.argv[1], sys.argv[2:]
 for command in commands:
     sys.argv = [command, *([] if mode == "run" else ["--help"])]
@@ -29,22 +30,22 @@ print(json.dumps(result))
 """
 
 
-def _probe(mode: str) -> dict:
+def _probe(mode: str, commands: list[str]) -> dict:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", PROBE, mode, *COMMANDS], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", PROBE, mode, *commands], capture_output=True, text=True,
                           env=env, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
 
 def test_import_and_help_do_not_load_torch():
-    result = _probe("help")
-    assert result.pop("import flashattn loads torch") is False
+    result = _probe("help", COMMANDS)
+    assert result.pop("import flashattn_bench loads torch") is False
     assert result == {c: {"exit": "0", "torch": False} for c in COMMANDS}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_gpu_commands_refuse_without_a_gpu():
-    result = _probe("run")
-    for command in COMMANDS:
+    result = _probe("run", GPU_COMMANDS)
+    for command in GPU_COMMANDS:
         assert "needs an NVIDIA GPU" in result[command]["exit"], (command, result[command])

@@ -1,34 +1,36 @@
-"""Attention latency: our Triton FlashAttention-2 against naive PyTorch and SDPA's flash and cuDNN backends.
+"""Attention latency: our FlashAttention-2 against naive PyTorch, SDPA's flash and cuDNN backends and, where
+installed, FlashAttention-4.
 
-Implementations: ``ours`` (``FlashAttention2Triton``, the public path: on sm90 the kernels
-:func:`flashattn.dispatch.choose` names), ``portable`` and ``hopper`` (that function with each kernel set
-pinned for both passes where the Hopper path covers the call), ``gluon`` (the Gluon forward with the portable
-backward), ``gluon_bwd`` (the Gluon forward and backward), ``hopper5`` and ``gluon5`` (the Gluon forward
-with the Triton-language or the Gluon five-product backward; only when named), ``naive``, ``sdpa_flash``,
-``sdpa_cudnn``. Three tables, each with forward, backward and forward+backward
-latency (``triton.testing.do_bench`` median, ms), TFLOP/s (``analysis.accounting.attention_flops``) and speed
-ratios measured in the same run:
+Implementations (:mod:`flashattn_bench.implementations`): ``ours`` (:func:`flashattn.flash_attention`, the
+public path: on H100 / H200 the sm90 Gluon kernels where they cover the call, else the portable Triton
+kernels), ``portable`` (the portable kernels for both passes), ``gluon`` (the sm90 forward with the portable
+backward), ``gluon_bwd`` (the sm90 forward and backward, what ``ours`` runs on sm90; only when named),
+``fa4`` and ``fa4_det`` (FlashAttention-4's ``flash_attn.cute``, its default and its deterministic backward,
+timed on ``(B, S, H, d)`` tensors, its own layout; skipped with a note where it does not import), ``naive``,
+``sdpa_flash``, ``sdpa_cudnn``. A named kernel set that cannot take a call runs the public path's plan.
+Three tables, each with forward, backward and forward+backward latency (``triton.testing.do_bench`` median,
+ms), TFLOP/s (``analysis.accounting.attention_flops``) and speed ratios measured in the same run:
 - ``multihead``: (1, 32 heads, S, 128) for S in ``--multihead-seqs`` (4096 ... 65 536) and (4, 16, 4096, 64),
   causal and not, and GQA (1, 32 query / 8 K/V heads, 8192, 128) causal (SDPA on K/V expanded, untimed), bf16;
 - ``sweep``: batch 1, one head, causal, seq 128 ... 65 536 (powers of two) x head dim 16 ... 128 x bf16, fp32;
-- ``features`` (:mod:`flashattn.bench_features`): grouped-query attention, head dim 256, packed documents and
+- ``features`` (:mod:`flashattn_bench.features`): grouped-query attention, head dim 256, packed documents and
   a sliding window, each against its reference, with the target it is held to.
 Cells that cannot run are marked, never fatal: ``OOM`` (out of memory, or naive attention whose score matrices
-would not fit by the analytic count), ``unsupported`` (SDPA's flash and cuDNN have no fp32 kernels).
-Ratios are ``other ms / ours ms``: above 1 means ours is faster.
+would not fit by the analytic count), ``unsupported`` (SDPA's flash and cuDNN and FlashAttention-4 have no
+fp32 kernels), ``failed (...)`` (FlashAttention-4 refusing a shape). Ratios are ``other ms / ours ms``: above
+1 means ours is faster. Each table is written as CSV and Markdown under ``--out``.
 
-Usage: ``python -m flashattn.bench --out results/`` (``--quick`` for a small subset, ``--only features``).
+Usage: ``python -m flashattn_bench.bench --out results/`` (``--quick``: a small subset; ``--only features``).
 """
 
 import argparse
 from pathlib import Path
 
 IMPLEMENTATION_NAMES = (
-    "ours", "portable", "hopper", "gluon", "gluon_bwd", "hopper5", "gluon5", "naive", "sdpa_flash",
-    "sdpa_cudnn",
+    "ours", "portable", "gluon", "gluon_bwd", "fa4", "fa4_det", "naive", "sdpa_flash", "sdpa_cudnn",
 )  # fmt: skip
-# not by default: hopper5 and gluon5 lost on every shape timed; gluon_bwd is what ours runs on sm90
-DEFAULT_IMPLEMENTATIONS = [n for n in IMPLEMENTATION_NAMES if n not in ("hopper5", "gluon5", "gluon_bwd")]
+# not by default: gluon_bwd is what ours runs on sm90
+DEFAULT_IMPLEMENTATIONS = [n for n in IMPLEMENTATION_NAMES if n != "gluon_bwd"]
 TABLES = ("multihead", "sweep", "features")
 
 
@@ -42,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"],
                    help="sweep dtypes")  # fmt: skip
     p.add_argument("--impls", nargs="+", default=DEFAULT_IMPLEMENTATIONS, choices=IMPLEMENTATION_NAMES,
-                   help="implementations to time (ours is needed for the ratio columns)")  # fmt: skip
+                   help="implementations to time (ours is needed for the ratio columns; fa4 and fa4_det only "
+                        "where flash_attn.cute imports)")  # fmt: skip
     p.add_argument("--warmup-ms", type=float, default=5.0, help="do_bench warm-up time per measurement (ms)")
     p.add_argument("--rep-ms", type=float, default=20.0, help="do_bench repetition time per measurement (ms)")
     p.add_argument("--only", nargs="+", choices=TABLES, default=list(TABLES), help="tables to measure")
@@ -56,10 +59,10 @@ def main() -> None:
     if args.quick:
         args.seqs = [s for s in args.seqs if s <= 4096]
         args.head_dims = [d for d in args.head_dims if d >= 64]
-    from flashattn.benchutil import require_cuda
+    from flashattn_bench.util import require_cuda
 
-    require_cuda("flashattn.bench")
-    from flashattn.bench_tables import run
+    require_cuda("flashattn_bench.bench")
+    from flashattn_bench.tables import run
 
     run(args)
 

@@ -1,16 +1,18 @@
-"""Compile the Gluon kernels for compute capability 9.0 on any machine (no GPU) and report what ptxas says.
+"""Compile the sm90 Gluon kernels for compute capability 9.0 on any machine (no GPU); report what ptxas says.
 
 For each (kernel, head dim, variant, causal): seconds to compile, shared memory bytes, registers per thread
 at entry, stack frame and spill bytes (``ptxas -v`` of the PTX, for sm_90a), whether ptxas serialised the
 ``wgmma`` instructions for want of registers (its warning C7512), and the counts of ``wgmma``
 instructions and register moves (``setmaxnreg``) in the PTX: the checks that a kernel change keeps its matrix
 instructions and does not spill, before any GPU time is spent. Kernels: ``forward``
-(:mod:`flashattn.gluon_fwd`; variants :data:`VARIANTS` are changes to
-:class:`flashattn.hopper_tiles.GluonTile`, the ablation steps of ``flashattn.hopper_bench``), ``dq``
-(:mod:`flashattn.gluon_dq`), ``dkdv`` (:mod:`flashattn.gluon_bwd`) and ``dkdvdq`` (the five-product
-:mod:`flashattn.gluon_bwd5`), each in the tile table's shape.
+(:mod:`flashattn.sm90.fwd`; variants :data:`VARIANTS` are changes to its
+:class:`flashattn.sm90.tiles.ForwardTile`, the forward steps of ``flashattn_bench.sm90``), ``dq``
+(:mod:`flashattn.sm90.dq`) and ``dkdv`` (:mod:`flashattn.sm90.dkdv`), each in the tile table's shape
+(:data:`flashattn.sm90.tiles.TILES`).
 
-Usage: ``python -m flashattn.gluon_compile --kernels forward dq dkdv --head-dims 64 128 --variants default``
+Prints a line per compile; ``--out`` also writes the rows as CSV and Markdown.
+
+Usage: ``python -m flashattn_bench.compile_report --kernels forward dq dkdv --head-dims 64 128``
 """
 
 import argparse
@@ -20,96 +22,79 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = {
+VARIANTS = {  # name -> changes to the table's ForwardTile
     "default": {},
-    "no-overlap": {"overlap": False},
-    "one-consumer": {"consumers": 1},
-    "pingpong": {"pingpong": True, "persistent": False},
     "stages-2": {"stages": 2},
     "stages-3": {"stages": 3},
-    "three-consumers": {"consumers": 3},
-    "three-consumers-64": {"consumers": 3, "block_n": 64},
+    "keys-64": {"block_n": 64},
     "persistent": {"persistent": True},
     "one-item-a-program": {"persistent": False},
 }
-
-
-KERNELS = ("forward", "dq", "dkdv", "dkdvdq")
+KERNELS = ("forward", "dq", "dkdv")
+SCALARS = {"n_heads": "i32", "group": "i32", "seq_q": "i32", "seq_k": "i32", "left": "i32", "right": "i32",
+           "qk_scale": "fp32"}  # fmt: skip
 
 
 def _launch(kernel: str, head_dim: int, changes: dict, causal: bool, window: bool = False) -> tuple:
-    """``(jit function, descriptors by argument name, scalar types, constexprs, maxnreg)`` of one kernel."""
+    """``(jit function, descriptors by argument name, scalar types, constexprs)`` of one kernel, its tile
+    the table's with ``changes``."""
     import torch
-    from flashattn.hopper import gluon_descriptor
-    from flashattn.hopper_tiles import GluonTile, configs_for
+    from flashattn.sm90.launch import descriptor
+    from flashattn.sm90.tiles import TILES
 
-    configs = configs_for(head_dim)
+    table = TILES[head_dim]
     t = torch.zeros(1, 1, 256, head_dim, dtype=torch.bfloat16)  # only the descriptors' types matter
-    maxnreg = GluonTile(consumers=2).maxnreg()
-    scalars = {"n_heads": "i32", "group": "i32", "seq_q": "i32", "seq_k": "i32", "qk_scale": "fp32"}
-    band = {"left": "i32", "right": "i32"}  # the window's sides (all but the five-product kernel)
+    common = {"HEAD_DIM": head_dim, "CAUSAL": causal, "WINDOW": window}
     if kernel == "forward":
-        from flashattn.gluon_fwd import gluon_fwd_kernel
+        from flashattn.sm90.fwd import gluon_fwd_kernel
 
-        tile = configs.gluon._replace(**changes)
-        descs = {f"desc_{n}": gluon_descriptor(t, tile.block_n if n in "kv" else tile.block_m)
-                 for n in "qkvo"}  # fmt: skip
-        constants = {"HEAD_DIM": head_dim, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
-                     "STAGES": tile.stages, "CAUSAL": causal, "WINDOW": window, "CONSUMERS": tile.consumers,
-                     "OVERLAP": tile.overlap, "PINGPONG": tile.pingpong,
-                     "PERSISTENT": tile.persistent}  # fmt: skip
+        tile = table.forward._replace(**changes)
+        descs = {f"desc_{n}": descriptor(t, tile.block_n if n in "kv" else tile.block_m) for n in "qkvo"}
         claims = "*i32" if tile.persistent else "*fp32"
-        types = {"LSE": "*fp32", "claims": claims, "n_items": "i32"} | scalars | band
-        return gluon_fwd_kernel, descs, types, constants, tile.maxnreg()
-    scalars = {"LSE": "*fp32", "DELTA": "*fp32"} | scalars | {"sm_scale": "fp32"}
+        types = {"LSE": "*fp32", "claims": claims, "n_items": "i32"} | SCALARS
+        constants = common | {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "STAGES": tile.stages,
+                              "PERSISTENT": tile.persistent}  # fmt: skip
+        return gluon_fwd_kernel, descs, types, constants
+    types = {"LSE": "*fp32", "DELTA": "*fp32"} | SCALARS | {"sm_scale": "fp32"}
     if kernel == "dq":
-        from flashattn.gluon_dq import gluon_dq_kernel
+        from flashattn.sm90.dq import gluon_dq_kernel
 
-        tile = configs.gluon_dq._replace(**changes)
+        tile = table.dq._replace(**changes)
         names = ("q", "k", "v", "o", "do", "dq")
-        descs = {f"desc_{n}": gluon_descriptor(t, tile.block_n if n in "kv" else tile.block_m) for n in names}
-        constants = {"HEAD_DIM": head_dim, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
-                     "STAGES": tile.stages, "CAUSAL": causal, "WINDOW": window,
-                     "OVERLAP": tile.overlap}  # fmt: skip
-        return gluon_dq_kernel, descs, scalars | band, constants, maxnreg
-    tile = (configs.gluon_dkdv if kernel == "dkdv" else configs.gluon_dkdvdq)._replace(**changes)
+        descs = {f"desc_{n}": descriptor(t, tile.block_n if n in "kv" else tile.block_m) for n in names}
+        constants = common | {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "STAGES": tile.stages,
+                              "OVERLAP": tile.overlap}  # fmt: skip
+        return gluon_dq_kernel, descs, types, constants
+    from flashattn.sm90.dkdv import gluon_dkdv_kernel
+
+    tile = table.dkdv._replace(**changes)
     names = ("q", "k", "v", "do", "dk", "dv")
-    descs = {f"desc_{n}": gluon_descriptor(t, tile.block_m if n in ("q", "do") else tile.block_n)
-             for n in names}  # fmt: skip
-    constants = {"HEAD_DIM": head_dim, "BLOCK": tile.block_n, "BLOCK_M": tile.block_m, "STAGES": tile.stages,
-                 "CAUSAL": causal}  # fmt: skip
-    if kernel == "dkdv":
-        from flashattn.gluon_bwd import gluon_dkdv_kernel
-
-        constants |= {"WINDOW": window, "OVERLAP": tile.overlap, "TILE_MAJOR": False}
-        return gluon_dkdv_kernel, descs, scalars | band, constants, maxnreg
-    from flashattn.gluon_bwd5 import gluon_dkdvdq_kernel
-    from flashattn.hopper import dq_accumulator
-
-    descs["desc_acc"] = dq_accumulator(t, tile.block_m)[1]
-    constants |= {"EARLY_DQ": tile.early_dq, "DEFER_STAGE": tile.defer_stage}
-    return gluon_dkdvdq_kernel, descs, scalars | {"TURNS": "*i32"}, constants, maxnreg
+    descs = {f"desc_{n}": descriptor(t, tile.block_m if n in ("q", "do") else tile.block_n) for n in names}
+    constants = common | {"BLOCK": tile.block_n, "BLOCK_M": tile.block_m, "STAGES": tile.stages,
+                          "TILE_MAJOR": False}  # fmt: skip
+    return gluon_dkdv_kernel, descs, types, constants
 
 
 def compile_sm90(
     head_dim: int, changes: dict, causal: bool, kernel: str = "forward", window: bool = False
 ) -> dict:
     """Compile one kernel (:data:`KERNELS`) with ``changes`` to its tile for sm90 (``window``: its
-    sliding-window version; not the five-product kernel's); return its report row."""
+    sliding-window version); return its report row."""
     import triton
+    from flashattn.sm90.tiles import max_registers
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    fn, descs, scalars, constants, maxnreg = _launch(kernel, head_dim, changes, causal, window)
+    fn, descs, scalars, constants = _launch(kernel, head_dim, changes, causal, window)
     signature = {name: mangle_type(d) for name, d in descs.items()} | scalars
     signature |= dict.fromkeys(constants, "constexpr")
     start = time.perf_counter()
     compiled = triton.compile(
         GluonASTSource(fn, signature, constants),
         target=GPUTarget("cuda", 90, 128),
-        options={"num_warps": 4, "maxnreg": maxnreg},
+        options={"num_warps": 4, "maxnreg": max_registers()},
     )
     seconds = time.perf_counter() - start
     ptx = compiled.asm["ptx"]
@@ -137,15 +122,24 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                    help="forward variants (backward kernels: the tile table's entry)")  # fmt: skip
     p.add_argument("--causal", choices=["yes", "no", "both"], default="both", help="causal kernels or not")
+    p.add_argument("--window", action="store_true", help="the sliding-window versions of the kernels")
+    p.add_argument("--out", type=Path, default=None, help="also write <out>.csv and <out>.md")
     args = p.parse_args()
     causal = {"yes": [True], "no": [False], "both": [True, False]}[args.causal]
+    rows = []
     for kernel in args.kernels:
         for head_dim in args.head_dims:
             for name in args.variants if kernel == "forward" else ["default"]:
                 for c in causal:
-                    row = compile_sm90(head_dim, VARIANTS[name], c, kernel)
+                    row = compile_sm90(head_dim, VARIANTS[name], c, kernel, args.window)
                     shown = ", ".join(f"{k} {v}" for k, v in list(row.items())[4:])
                     print(f"{kernel} d={head_dim} {name} causal={c}: {shown}", flush=True)
+                    rows.append({"variant": name, **row, "window": args.window})
+    if args.out is not None:
+        import pandas as pd
+        from harness.results import write_table
+
+        write_table(pd.DataFrame(rows).astype({"changes": str}), args.out, ".3g")
 
 
 if __name__ == "__main__":

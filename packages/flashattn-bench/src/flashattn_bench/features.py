@@ -1,4 +1,5 @@
-"""The ``features`` table of ``python -m flashattn.bench``: each feature against its reference, bf16, causal.
+"""The ``features`` table of ``python -m flashattn_bench.bench``: each feature against its reference, bf16,
+causal.
 
 - gqa: 32 query / 8 K/V heads at (1, 8192, 128) against our MHA (32 / 32 heads; target: time <= 1.05 x
   MHA's) and against SDPA cuDNN and flash on K/V expanded beforehand (the expansion is not timed);
@@ -10,9 +11,9 @@
   the same kernels at that shape (target: >= 5x faster) and against their non-causal attention; and the
   public path's window (on sm90 the Gluon kernels, elsewhere the portable ones) against the portable one.
 
-The d256 row's d128 reference and the window rows' references pin the portable kernels
-(:func:`flashattn.dispatch.pinned_kernels`): on sm90 the public path would run the Hopper kernels for them,
-but not for head dim 256, and the targets compare the same kernels.
+The d256 row's d128 reference and the window rows' references run the portable kernels by name
+(:func:`flashattn_bench.util.kernel_sets`): on sm90 the public path would run the sm90 kernels for them, but
+not for head dim 256, and the targets compare the same kernels.
 
 ``flop ratio`` is the reference's FLOPs over ours (visible pairs only; padded SDPA computes every pair): the
 speed-up to expect at equal TFLOP/s. ``ratio`` is the measured one in the metric the target names.
@@ -22,12 +23,11 @@ import math
 
 import pandas as pd
 import torch
-from flashattn.benchutil import sdpa, time_passes
-from flashattn.dispatch import pinned_kernels
+from flashattn import flash_attention, flash_attention_varlen
 from flashattn.precompile import Variant
-from flashattn.triton_flash import FlashAttention2Triton
-from flashattn.varlen import flash_attention_varlen
 from torch.nn.attention import SDPBackend
+
+from flashattn_bench.util import kernel_sets, sdpa, time_passes
 
 FEATURE_VARIANTS = [Variant(128, "bf16", True), Variant(256, "bf16", True),
                     Variant(128, "bf16", True, varlen=True), Variant(128, "bf16", True, window=(1, 0)),
@@ -70,20 +70,10 @@ def _time(fn, q, k, v, args, causal: bool = True) -> dict[str, float]:
 
 
 def _ours(window=None):
-    return lambda q, k, v, causal: FlashAttention2Triton.apply(q, k, v, causal, window)
+    return lambda q, k, v, causal: flash_attention(q, k, v, causal, window)
 
 
-def _pinned(kernels: str, window=None):
-    """``FlashAttention2Triton`` with both passes pinned to ``kernels`` (where the call is covered)."""
-
-    def run(q, k, v, causal):
-        with pinned_kernels(kernels, kernels):  # the backward is chosen at the forward
-            return FlashAttention2Triton.apply(q, k, v, causal, window)
-
-    return run
-
-
-_portable = _pinned("portable")
+_portable = kernel_sets("portable", "portable")
 
 
 def _measurements(args) -> dict[str, tuple[dict, float]]:
@@ -142,7 +132,8 @@ def _measurements(args) -> dict[str, tuple[dict, float]]:
     pairs = WINDOW[0] * (WINDOW[0] + 1) / 2 + (seq - WINDOW[0]) * (WINDOW[0] + 1)
     window_flops = _pairs_flops(heads, 128, pairs)
     out["ours window 4096"] = (_time(_ours(WINDOW), *qkv, args), window_flops)
-    out["ours window 4096 portable"] = (_time(_pinned("portable", WINDOW), *qkv, args), window_flops)
+    windowed_portable = kernel_sets("portable", "portable", WINDOW)
+    out["ours window 4096 portable"] = (_time(windowed_portable, *qkv, args), window_flops)
     out["ours causal 32768"] = (_time(_portable, *qkv, args), _causal_flops(heads, seq, 128))
     full = _causal_flops(heads, seq, 128, False)
     out["ours full 32768"] = (_time(_portable, *qkv, args, causal=False), full)

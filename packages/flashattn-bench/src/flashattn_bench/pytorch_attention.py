@@ -7,7 +7,7 @@ the backward (inputs plus what autograd saved) is read after one forward. Out-of
 ``OOM``. Beside the measurement: the analytic bytes of the saved score-sized tensors, and the smallest length
 whose forward+backward would not fit on this device by that count.
 
-Usage: ``python -m flashattn.bench_pytorch_attention --out results/``.
+Usage: ``python -m flashattn_bench.pytorch_attention --out results/``.
 """
 
 import argparse
@@ -66,15 +66,16 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=100, help="timed forward and backward passes per cell")
     parser.add_argument("--warmup", type=int, default=5, help="untimed forward+backward passes per cell")
     args = parser.parse_args()
-    from flashattn.benchutil import require_cuda
+    from flashattn_bench.util import require_cuda
 
-    require_cuda("flashattn.bench_pytorch_attention")
+    require_cuda("flashattn_bench.pytorch_attention")
     import pandas as pd
     import torch
-    from flashattn.benchutil import DTYPES
     from flashattn.plain import naive_attention
     from harness.environment import environment
     from harness.results import to_markdown, write_table
+
+    from flashattn_bench.util import DTYPES
 
     dtype = DTYPES[args.dtype]
     env = environment()

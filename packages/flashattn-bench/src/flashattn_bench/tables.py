@@ -1,4 +1,4 @@
-"""The tables of ``python -m flashattn.bench`` (see :mod:`flashattn.bench` for what each holds)."""
+"""The tables of ``python -m flashattn_bench.bench`` (:mod:`flashattn_bench.bench` says what each holds)."""
 
 import math
 import time
@@ -7,48 +7,16 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from flashattn import benchutil
-from flashattn.bench_features import FEATURE_VARIANTS, feature_table
-from flashattn.benchutil import DTYPES, matmul_tflops, time_passes
-from flashattn.dispatch import pinned_kernels
 from flashattn.precompile import Variant, precompile
 from harness.environment import environment
 from harness.results import new_figure, save_figure, to_markdown, write_table
 
+from flashattn_bench.features import FEATURE_VARIANTS, feature_table
+from flashattn_bench.implementations import Implementation, available, implementations
+from flashattn_bench.util import DTYPES, matmul_tflops, time_passes
+
 PASSES = ("fwd", "bwd", "fwd+bwd")
-OURS = (
-    "ours",
-    "portable",
-    "hopper",
-    "gluon",
-    "gluon_bwd",
-    "hopper5",
-    "gluon5",
-)  # take K/V with fewer heads; others get them expanded (untimed)
-TFLOPS_COLUMNS = ("ours", "portable", "hopper", "gluon", "gluon_bwd", "hopper5", "gluon5", "sdpa_cudnn")
-# (forward, backward) kernels of each pinned column where the sm90 path covers the call
-PINNED = {
-    "portable": ("portable", "portable"),
-    "hopper": ("hopper", "hopper"),
-    "gluon": ("gluon", "portable"),
-    "gluon_bwd": ("gluon", "gluon"),
-    "hopper5": ("gluon", "hopper5"),
-    "gluon5": ("gluon", "gluon5"),
-}
-
-
-def _pinned(forward: str, backward: str):
-    """``FlashAttention2Triton`` with these kernels wherever the Hopper path covers the call."""
-
-    def attend(q, k, v, is_causal):
-        with pinned_kernels(forward, backward):
-            return benchutil.FlashAttention2Triton.apply(q, k, v, is_causal)
-
-    return attend
-
-
-# "ours" is what the public names run (on sm90: dispatch.HOPPER_FORWARD, then dispatch.HOPPER_BACKWARD).
-IMPLEMENTATIONS = {**benchutil.IMPLEMENTATIONS} | {name: _pinned(*pair) for name, pair in PINNED.items()}
+TFLOPS_COLUMNS = ("ours", "portable", "gluon", "gluon_bwd", "fa4", "fa4_det", "sdpa_cudnn")
 
 
 def multihead_cases(seqs: list[int]) -> list[tuple[tuple[int, int, int, int], int, bool]]:
@@ -63,38 +31,55 @@ def naive_bytes(batch: int, heads: int, seq: int, dtype: torch.dtype) -> int:
     return batch * heads * seq * seq * (4 * dtype.itemsize + 1)
 
 
+def _inputs(impl: Implementation, shape: tuple[int, int, int, int], kv_heads: int, dtype: torch.dtype):
+    """Random ``q, k, v`` in ``impl``'s layout; K/V with ``kv_heads`` heads if it takes them grouped, else
+    with as many as ``q`` (the expansion SDPA needs, not timed)."""
+    batch, heads, seq, head_dim = shape
+    kv = kv_heads if impl.grouped else heads
+
+    def dims(h: int) -> tuple[int, int, int, int]:
+        return (batch, seq, h, head_dim) if impl.layout == "bshd" else (batch, h, seq, head_dim)
+
+    q = torch.randn(dims(heads), device="cuda", dtype=dtype)
+    k, v = (torch.randn(dims(kv), device="cuda", dtype=dtype) for _ in range(2))
+    return q, k, v
+
+
 def measure(
-    impl: str, shape: tuple[int, int, int, int], dtype: torch.dtype, args, causal: bool = True,
-    kv_heads: int | None = None,
+    name: str, impl: Implementation, shape: tuple[int, int, int, int], dtype: torch.dtype, args,
+    causal: bool = True, kv_heads: int | None = None,
 ) -> list[dict]:  # fmt: skip
     """One implementation at one shape (``kv_heads`` K/V heads, default ``heads``): a row per pass, with
-    ``status`` "ok", "OOM" or "unsupported"."""
+    ``status`` "ok", "OOM", "unsupported" or (external kernels only) "failed (<error>)"."""
     from analysis.accounting import attention_flops
 
     batch, heads, seq, head_dim = shape
     kv_heads = kv_heads or heads
     base = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "seq": seq, "head_dim": head_dim,
-            "causal": causal, "dtype": str(dtype)[6:], "impl": impl}  # fmt: skip
+            "causal": causal, "dtype": str(dtype)[6:], "impl": name}  # fmt: skip
     free, _ = torch.cuda.mem_get_info()
-    if impl == "naive" and naive_bytes(batch, heads, seq, dtype) > 0.9 * free:
-        gib = naive_bytes(batch, heads, seq, dtype) / 2**30
-        return [{**base, "pass": p, "ms": math.nan, "status": f"OOM (needs ~{gib:.0f} GiB)"} for p in PASSES]
-    try:
-        q = torch.randn(shape, device="cuda", dtype=dtype)
-        k, v = (torch.randn(batch, kv_heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(2))
-        if impl not in OURS and kv_heads != heads:
-            k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
-        times = time_passes(IMPLEMENTATIONS[impl], q, k, v, causal, args.warmup_ms, args.rep_ms)
-        status = "ok"
-    except torch.OutOfMemoryError:
-        times, status = {}, "OOM"
-    except RuntimeError as exc:
-        if "No available kernel" not in str(exc):
-            raise
-        times, status = {}, "unsupported"
-    finally:
-        q = k = v = None
-        torch.cuda.empty_cache()
+    times, status = {}, "ok"
+    if name == "naive" and naive_bytes(batch, heads, seq, dtype) > 0.9 * free:
+        status = f"OOM (needs ~{naive_bytes(batch, heads, seq, dtype) / 2**30:.0f} GiB)"
+    elif impl.dtypes is not None and dtype not in impl.dtypes:
+        status = "unsupported"
+    else:
+        try:
+            q, k, v = _inputs(impl, shape, kv_heads, dtype)
+            times = time_passes(impl.attend, q, k, v, causal, args.warmup_ms, args.rep_ms)
+        except torch.OutOfMemoryError:
+            status = "OOM"
+        except Exception as exc:
+            if isinstance(exc, RuntimeError) and "No available kernel" in str(exc):
+                status = "unsupported"
+            elif impl.external:
+                status = f"failed ({type(exc).__name__})"
+                print(f"  {name} failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            else:
+                raise
+        finally:
+            q = k = v = None
+            torch.cuda.empty_cache()
     fwd = attention_flops(batch, heads, seq, seq, head_dim, causal=causal)
     flops = {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}
     return [
@@ -119,16 +104,16 @@ def with_ratios(long: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return wide.reset_index()
 
 
-def _run_grid(cases, dtypes, impls, args, label: str) -> pd.DataFrame:
+def _run_grid(cases, dtypes, impls: dict[str, Implementation], args, label: str) -> pd.DataFrame:
     """``cases``: shapes, or ``(shape, kv_heads, causal)`` (a bare shape: causal, all heads for K/V)."""
     rows, cells = [], list(product(cases, dtypes, impls))
     start = time.perf_counter()
-    for i, (case, dtype, impl) in enumerate(cells, 1):
+    for i, (case, dtype, name) in enumerate(cells, 1):
         shape, kv_heads, causal = case if isinstance(case[0], tuple) else (case, case[1], True)
-        rows += measure(impl, shape, DTYPES[dtype], args, causal, kv_heads)
+        rows += measure(name, impls[name], shape, DTYPES[dtype], args, causal, kv_heads)
         fb = rows[-1]
         print(f"[{label} {i}/{len(cells)} {time.perf_counter() - start:.0f}s] {shape} kv {kv_heads} "
-              f"{'causal' if causal else 'full'} {dtype} {impl}: fwd+bwd {fb['ms']:.3f} ms {fb['status']}",
+              f"{'causal' if causal else 'full'} {dtype} {name}: fwd+bwd {fb['ms']:.3f} ms {fb['status']}",
               flush=True)  # fmt: skip
         write_table(pd.DataFrame(rows), args.out / f"{label}_cells", formats=("csv",))  # kept if cut short
     return pd.DataFrame(rows)
@@ -148,17 +133,17 @@ def _plot(sweep: pd.DataFrame, out: Path) -> None:
 
 
 def run(args) -> None:
-    """Measure and write the tables ``args.only`` names (arguments of :func:`flashattn.bench.parser`)."""
+    """Measure and write the tables ``args.only`` names (the arguments of
+    :func:`flashattn_bench.bench.parser`)."""
     env = environment()
     print(env, flush=True)
     start = time.perf_counter()
+    impls = implementations(available(args.impls))
     cases = multihead_cases(args.multihead_seqs)
     dims = sorted({*args.head_dims, *(shape[3] for shape, _, _ in cases)})
     variants = [Variant(d, t, c) for d, t, c in product(dims, args.dtypes, (True, False))]
     variants += FEATURE_VARIANTS if "features" in args.only else []
-    precompile(
-        variants, args.jobs, tuple({PINNED[i] for i in args.impls if i in PINNED} | {PINNED["portable"]})
-    )
+    precompile(variants, args.jobs)  # where sm90 covers a variant, the portable kernels are built too
     print(f"compiled our kernels in {time.perf_counter() - start:.1f} s", flush=True)
     peak = matmul_tflops()
     print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s", flush=True)
@@ -169,14 +154,14 @@ def run(args) -> None:
         print(to_markdown(table, "g"), flush=True)
 
     if "multihead" in args.only:
-        multi = _run_grid(cases, ["bf16"], args.impls, args, "multihead")
+        multi = _run_grid(cases, ["bf16"], impls, args, "multihead")
         table = with_ratios(multi, ["batch", "heads", "kv_heads", "seq", "head_dim", "causal"])
         table["ours % of matmul"] = (100 * table["ours TFLOP/s"] / peak).round(1)
         publish("multihead", table)
     if "sweep" in args.only:
         shapes = [(1, 1, s, d) for s, d in product(args.seqs, args.head_dims)]
-        sweep = _run_grid(shapes, args.dtypes, args.impls, args, "sweep")
-        if "ours" in args.impls:
+        sweep = _run_grid(shapes, args.dtypes, impls, args, "sweep")
+        if "ours" in impls:
             _plot(sweep, args.out)
         publish("sweep", with_ratios(sweep, ["dtype", "seq", "head_dim"]))
     if "features" in args.only:

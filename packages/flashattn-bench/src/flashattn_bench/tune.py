@@ -1,26 +1,40 @@
-"""Time candidate tile shapes of each Triton kernel (forward, dK/dV, dQ) at one attention shape.
+"""Time candidate tile shapes of each portable Triton kernel (forward, dK/dV, dQ) at one attention shape.
 
-The table in :mod:`flashattn.triton_configs` comes from this command: the candidates are a short list of
-shapes known to suit Hopper (128-query forward tiles; 8 warps once the fp32 accumulator is 128 wide; 2-4
+The Hopper table of :mod:`flashattn.portable.tiles` comes from this command: the candidates are a short list
+of shapes known to suit Hopper (128-query forward tiles; 8 warps once the fp32 accumulator is 128 wide; 2-4
 pipeline stages), and each kernel is timed alone with ``triton.testing.do_bench`` (median), next to SDPA's
 flash and cuDNN backends. 16-bit inputs also time dK and dV as separate programs (``dk``, ``dv``: the split
 that a table entry's ``dv`` selects), and the summary line sets the best split pair against the best fused
-dK/dV. Each candidate is first compiled in a worker process at the tuned shape (so the timing loads it from
-Triton's cache with the same specialisation).
+dK/dV. Each list starts with the tile the library's rule chooses on this device (the baseline) and keeps the
+candidates that fit it by :func:`flashattn.portable.tiles.fits` (shared memory, and tensor memory on
+sm_100). Each candidate is first compiled in a worker process at the tuned shape (so the timing loads it
+from Triton's cache with the same specialisation).
 
-Usage: ``python -m flashattn.tune --seq 16384 --heads 32 --head-dim 128 --dtype bf16 --out results/``
+Usage: ``python -m flashattn_bench.tune --seq 16384 --heads 32 --head-dim 128 --dtype bf16 --out results/``
 (``--kernels dkdv dk dv`` times only those).
 """
+
+from __future__ import annotations
 
 import argparse
 import math
 import multiprocessing as mp
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from flashattn.triton_configs import SHARED_MEMORY_BYTES, X3, KernelConfigs, TileConfig, shared_bytes
+if TYPE_CHECKING:
+    from flashattn.portable.tiles import KernelConfigs, Target, TileConfig
 
-T = TileConfig
+X3 = "tf32x3"  # flashattn.portable.tiles.X3: fp32 inputs multiply as three TF32 products
+
+
+def T(*fields) -> tuple:
+    """A :class:`flashattn.portable.tiles.TileConfig`'s fields (made tiles on use: ``--help`` imports no
+    torch)."""
+    return fields
+
+
 KERNELS = ("forward", "dkdv", "dq", "dk", "dv", "sdpa")
 CANDIDATES = {  # (block_m, block_n, num_warps, num_stages)
     "forward": [T(128, 64, 8, 3), T(128, 64, 8, 4), T(128, 128, 8, 3), T(128, 128, 8, 2), T(128, 64, 4, 3),
@@ -58,18 +72,41 @@ FP32_CANDIDATES = {
 }  # fmt: skip
 
 
-def candidates_for(dtype, head_dim: int = 128, estimate: bool = True) -> dict[str, list[TileConfig]]:
+def candidates_for(
+    dtype, head_dim: int = 128, estimate: bool = True, target: Target | None = None
+) -> dict[str, list[TileConfig]]:
     """The candidate tile shapes of each kernel (``forward, dkdv, dq``, and for 16-bit inputs ``dk, dv``)
-    for ``dtype`` and ``head_dim``: those that fit shared memory by :func:`shared_bytes`'s estimate, or
-    with ``estimate=False`` all of them (the compiler then refuses those that do not fit)."""
+    for ``dtype`` and ``head_dim``: those that fit ``target`` by :func:`flashattn.portable.tiles.fits`'s
+    estimate (a kernel none of whose candidates fit is left out), or with ``estimate=False`` all of them
+    (the compiler then refuses those that do not fit). ``target`` defaults to Hopper's."""
+    from flashattn.portable.tiles import HOPPER, TileConfig, fits
+
+    target = target or HOPPER
     lists = FP32_CANDIDATES if dtype.itemsize == 4 else {**CANDIDATES, **SPLIT}
     if head_dim > 128 and dtype.itemsize < 4:
         lists = {k: WIDE[k] + v for k, v in lists.items()}
+    lists = {k: [TileConfig(*c) for c in v] for k, v in lists.items()}
     if not estimate:
         return lists
-    fits = {k: [c for c in v if shared_bytes(k, c, head_dim, dtype.itemsize) <= SHARED_MEMORY_BYTES]
-            for k, v in lists.items()}  # fmt: skip
-    return {k: v or lists[k][:1] for k, v in fits.items()}
+    fitting = {k: [c for c in v if fits(k, c, head_dim, dtype.itemsize, target)] for k, v in lists.items()}
+    return {k: v for k, v in fitting.items() if v}
+
+
+def chosen_tiles(configs: KernelConfigs) -> dict[str, TileConfig]:
+    """Kernel name (as in :data:`KERNELS`) -> the tile ``configs`` gives it: ``dkdv`` fused, or ``dk`` and
+    ``dv`` where ``configs.dv`` splits them."""
+    if configs.dv is None:
+        return {"forward": configs.forward, "dkdv": configs.dkdv, "dq": configs.dq}
+    return {"forward": configs.forward, "dk": configs.dkdv, "dv": configs.dv, "dq": configs.dq}
+
+
+def with_baseline(
+    candidates: dict[str, list[TileConfig]], configs: KernelConfigs
+) -> dict[str, list[TileConfig]]:
+    """Each kernel's list led by the tile ``configs`` (the library's choice for the device) gives it."""
+    chosen = chosen_tiles(configs)
+    lists = {**{k: [] for k in chosen if k in KERNELS}, **candidates}
+    return {k: [chosen[k], *(c for c in v if c != chosen[k])] if k in chosen else v for k, v in lists.items()}
 
 
 def compile_jobs(
@@ -85,7 +122,7 @@ def _runs(shape: tuple[int, ...], dtype, causal: bool, forward: TileConfig | Non
     """kernel name -> ``run(tiles)`` on random inputs of ``shape``; with ``forward=None`` the backward
     kernels read a zero ``lse`` and ``D`` (enough to compile them, no forward needed)."""
     import torch
-    from flashattn.triton_flash import launch_delta, launch_dkdv, launch_dq, launch_forward
+    from flashattn.portable.launch import launch_delta, launch_dkdv, launch_dq, launch_forward
 
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
     if forward is None:
@@ -106,7 +143,8 @@ def _compile(job: tuple) -> tuple[str, TileConfig, float, str]:
     """One kernel launched once at the tuned shape in a worker process, so it lands in Triton's cache
     with the specialisation the timing uses."""
     import torch
-    from flashattn.benchutil import DTYPES
+
+    from flashattn_bench.util import DTYPES
 
     kernel, cfg, shape, dtype, causal = job
     start = time.perf_counter()
@@ -160,21 +198,26 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("flashattn-tune"), help="folder for tune.csv/.md")
     args = parser.parse_args()
-    from flashattn.benchutil import require_cuda
+    from flashattn_bench.util import require_cuda
 
-    require_cuda("flashattn.tune")
+    require_cuda("flashattn_bench.tune")
     import pandas as pd
     import torch
     from analysis.accounting import attention_flops
-    from flashattn.benchutil import DTYPES, IMPLEMENTATIONS, time_passes
-    from flashattn.triton_flash import configs_for
+    from flashattn.portable.tiles import configs_for, family_of, target_of
     from harness.environment import environment
     from harness.results import to_markdown, write_table
+    from torch.nn.attention import SDPBackend
+
+    from flashattn_bench.util import DTYPES, sdpa, time_passes
 
     causal, dtype = not args.non_causal, DTYPES[args.dtype]
-    lists = candidates_for(dtype, args.head_dim, estimate=not args.all)
+    target = target_of(torch.device("cuda"))
+    table = configs_for(args.head_dim, dtype, target)
+    print(f"{family_of(target).name}: {target.shared_bytes} bytes of shared memory per block; the rule's "
+          f"tiles: {table}", flush=True)  # fmt: skip
+    lists = with_baseline(candidates_for(dtype, args.head_dim, not args.all, target), table)
     candidates = {k: v for k, v in lists.items() if k in args.kernels}
-    table = configs_for(args.head_dim, dtype)
     shape = (1, args.heads, args.seq, args.head_dim)
     jobs = [(*job, shape, args.dtype, causal) for job in compile_jobs(candidates, table)]
     start = time.perf_counter()
@@ -193,9 +236,10 @@ def main() -> None:
             rows.append({"kernel": kernel, **cfg._asdict(), "ms": ms})
             print(f"{kernel:8s} {tuple(cfg)}: {ms:.3f} ms", flush=True)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
-    sdpa = "sdpa" in args.kernels and dtype != torch.float32  # SDPA has no fp32 flash or cuDNN kernels
-    for name in ("sdpa_flash", "sdpa_cudnn") if sdpa else ():
-        times = time_passes(IMPLEMENTATIONS[name], q, k, v, causal, 10, args.rep_ms)
+    with_sdpa = "sdpa" in args.kernels and dtype != torch.float32  # SDPA has no fp32 flash or cuDNN kernels
+    backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+    for name, backend in backends.items() if with_sdpa else ():
+        times = time_passes(sdpa(backend), q, k, v, causal, 10, args.rep_ms)
         rows += [{"kernel": f"{name} {p}", "ms": ms} for p, ms in times.items()]
     df = pd.DataFrame(rows)
     best = df.groupby("kernel")["ms"].min()

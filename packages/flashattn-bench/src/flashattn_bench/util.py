@@ -1,12 +1,11 @@
-"""What the attention benchmark commands share: the implementations under test, SDPA pinned to one backend,
-the timing of each pass, the matmul ceiling, and the GPU check."""
+"""What the attention benchmark commands share: SDPA pinned to one backend, the library's ops with named
+kernel sets, the timing of each pass, the matmul ceiling, and the GPU check. (``flashattn`` is imported only
+where used, so the commands that time the public path alone also run against other versions of it.)"""
 
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from flashattn.plain import naive_attention
-from flashattn.triton_flash import FlashAttention2Triton
 from harness.timing import do_bench
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -25,12 +24,29 @@ def sdpa(backend: SDPBackend, **options) -> AttentionFn:
     return attend
 
 
-IMPLEMENTATIONS: dict[str, AttentionFn] = {
-    "ours": FlashAttention2Triton.apply,
-    "naive": naive_attention,
-    "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
-    "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-}
+def kernel_sets(forward: str, backward: str, window: tuple[int, int] | None = None) -> AttentionFn:
+    """``flashattn.ops.Attention`` on ``(B, H, S, d)`` inputs with the kernel sets ``forward`` and
+    ``backward`` (names of ``flashattn.kernels.KERNELS``: "sm90", "portable", "pytorch") wherever they take
+    the call; where one does not (e.g. "sm90" off sm90, or at head dim 256), the set the public path plans."""
+    from flashattn import ops
+    from flashattn.dispatch import plan
+    from flashattn.kernels import KERNELS
+
+    for name in (forward, backward):
+        if name not in KERNELS:
+            raise ValueError(f"kernel set {name!r} is not one of {sorted(KERNELS)}")
+
+    def attend(q, k, v, is_causal):
+        planned = plan(q, k, v, is_causal, window)
+        fwd, bwd = (
+            name if KERNELS[name].why_not(q, k, v, is_causal, window, None) is None else fallback
+            for name, fallback in ((forward, planned.forward), (backward, planned.backward))
+        )
+        bounds = None if window is None else list(window)
+        o, _ = ops.Attention.apply(q, k, v, is_causal, bounds, q.shape[-1] ** -0.5, fwd, bwd)
+        return o
+
+    return attend
 
 
 def time_passes(fn: AttentionFn, q, k, v, causal: bool, warmup_ms: float, rep_ms: float) -> dict[str, float]:
