@@ -48,7 +48,7 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(tables, "time_passes", fake_time_passes)
     monkeypatch.setattr(tables, "implementations", fake_implementations)
-    monkeypatch.setattr(tables, "precompile", lambda variants, jobs: [])
+    monkeypatch.setattr(tables, "precompile", lambda variants, _: seen_layouts.update(precompiled=variants))
     monkeypatch.setattr(tables, "matmul_tflops", lambda: 795.0)
     monkeypatch.setattr(
         tables, "multihead_cases", lambda seqs: [((1, 4, 512, 64), 4, True), ((1, 4, 512, 64), 2, False)]
@@ -108,6 +108,10 @@ def test_bench_writes_ratio_tables_and_marks_cells(fake_gpu, tmp_path, monkeypat
     assert ((1, 4, 512, 64), (1, 2, 512, 64)) in fake_gpu["ours"]
     assert ((1, 4, 512, 64), (1, 4, 512, 64)) in fake_gpu["sdpa_cudnn"]
     assert not any(k[1] == 2 for _, k in fake_gpu["sdpa_cudnn"])
+    # the multihead cases' (64, both masks) and the sweep's (32 causal, both dtypes) kernels, once each
+    assert sorted(v[:3] for v in fake_gpu["precompiled"]) == [
+        (32, "bf16", True), (32, "fp32", True), (64, "bf16", False), (64, "bf16", True)
+    ]  # fmt: skip
 
 
 def test_bench_skips_fa4_with_a_note_where_it_does_not_import(fake_gpu, tmp_path, monkeypatch, capsys):
