@@ -9,8 +9,9 @@ import pytest
 import torch
 from attention_oracle import attention, cu, packed
 from flashattn import FlashAttention2Triton, flash_attention_varlen, reference
-from flashattn.triton_configs import TileConfig, configs_for, pinned_configs
+from flashattn.portable.tiles import TileConfig, configs_for, target_of
 from harness.testing import assert_error_budget
+from pinned_tiles import PortableWithTiles
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -62,23 +63,25 @@ def test_dense_within_twice_plain(case):
 
 @pytest.mark.parametrize("d, window", [(256, None), (192, (100, 0)), (128, (300, 20))])
 def test_split_dkdv_programs_within_twice_plain(d, window):
-    """dK and dV as separate programs (the tile table's option above head dim 128), pinned at any width."""
+    """dK and dV as separate programs (the tile table's option above head dim 128), chosen at any width."""
     q, do = (_randn((1, 4, 1025, d), torch.bfloat16, seed=i) for i in (0, 1))
     k, v = (_randn((1, 2, 1025, d), torch.bfloat16, seed=i) for i in (2, 3))
     gold = _grads(lambda *t: attention(*t, True, window), [t.double() for t in (q, k, v)], do.double())
     plain = _grads(lambda *t: attention(*t, True, window), (q, k, v), do)
-    split = configs_for(d, torch.bfloat16)._replace(dv=TileConfig(64, 64, 8, 2))
+    split = configs_for(d, torch.bfloat16, target_of(q.device))._replace(dv=TileConfig(64, 64, 8, 2))
     _poison()
-    with pinned_configs(split):
-        ours = _grads(lambda *t: FlashAttention2Triton.apply(*t, True, window), (q, k, v), do)
+    ours = _grads(lambda *t: PortableWithTiles.apply(split, *t, True, window), (q, k, v), do)
     _budget(ours, plain, gold, 1e-4)
 
 
-@pytest.mark.parametrize("causal, window", [(True, None), (True, (64, 0)), (False, (20, 70))])
-def test_packed_documents_within_twice_plain(causal, window):
+@pytest.mark.parametrize(
+    "causal, window, d", [(True, None, 128), (True, (64, 0), 128), (False, (20, 70), 128), (True, None, 192)]
+)
+def test_packed_documents_within_twice_plain(causal, window, d):
+    """Packed documents (the portable kernels; at head dim 192 with dK and dV as separate programs)."""
     total = sum(LENGTHS)
-    q, do = (_randn((total, 8, 128), torch.bfloat16, seed=i) for i in (0, 1))
-    k, v = (_randn((total, 2, 128), torch.bfloat16, seed=i) for i in (2, 3))
+    q, do = (_randn((total, 8, d), torch.bfloat16, seed=i) for i in (0, 1))
+    k, v = (_randn((total, 2, d), torch.bfloat16, seed=i) for i in (2, 3))
     gold = _grads(lambda *t: packed(*t, LENGTHS, LENGTHS, causal, window), [t.double() for t in (q, k, v)],
                   do.double())  # fmt: skip
     plain = _grads(lambda *t: packed(*t, LENGTHS, LENGTHS, causal, window), (q, k, v), do)
