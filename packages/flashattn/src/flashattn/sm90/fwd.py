@@ -58,7 +58,7 @@ def _load_item(
     desc_q, desc_k, desc_v, smem, bars, where, _ = loads
     _, n_heads, group, seq_q, seq_k, lo_off, hi_off, _ = where
     q_smem, k_smem, v_smem, _, items = smem
-    q_bar, _, k_ready, k_empty, v_ready, v_empty, _ = bars
+    q_bar, _, k_ready, k_empty, v_ready, v_empty = bars
     ROWS: gl.constexpr = CONSUMERS * BLOCK_M
     b, _, h, hk, start_m = query_tile(ROWS, seq_q, n_heads, group, w)
     lo, n_kv = key_range(start_m, ROWS, seq_q, seq_k, lo_off, hi_off, BLOCK_N, CAUSAL, WINDOW)
