@@ -32,18 +32,12 @@ def _guarded(total: int, heads: int, gen: torch.Generator) -> torch.Tensor:
     return storage[GUARD : GUARD + total].requires_grad_()
 
 
-def _bad_cu_seqlens() -> tuple[torch.Tensor, torch.Tensor]:
-    return tuple(torch.tensor(cu, dtype=torch.int32, device="cuda") for cu in (BAD_CU_Q, BAD_CU_K))
-
-
-def clamped() -> dict:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, do = _guarded(TOTAL_Q, HEADS, gen), _guarded(TOTAL_Q, HEADS, gen).detach()
-    k, v = _guarded(TOTAL_K, HEADS_KV, gen), _guarded(TOTAL_K, HEADS_KV, gen)
+def clamped(q, k, v, do, cu_q, cu_k) -> dict:
+    """Forward and backward with the device-side check switched off: the kernels see the clamped lengths."""
     check = torch._assert_async
     torch._assert_async = lambda *args, **kwargs: None
     try:
-        o = flash_attention_varlen(q, k, v, *_bad_cu_seqlens(), MAX_SEQLEN, MAX_SEQLEN, True)
+        o = flash_attention_varlen(q, k, v, cu_q, cu_k, MAX_SEQLEN, MAX_SEQLEN, True)
     finally:
         torch._assert_async = check
     o.backward(do)
@@ -60,13 +54,11 @@ def clamped() -> dict:
     }
 
 
-def asserted() -> dict:
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    q = _guarded(TOTAL_Q, HEADS, gen).detach()
-    k, v = (_guarded(TOTAL_K, HEADS_KV, gen).detach() for _ in range(2))
-    cu_q, cu_k = _bad_cu_seqlens()  # copied before the GPU is busy: a copy from pageable memory may wait
+def asserted(q, k, v, cu_q, cu_k) -> dict:
+    """The same tensors as :func:`clamped` (the kernel compiled there runs, nothing compiles here)."""
+    q, k, v = (t.detach() for t in (q, k, v))
     torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued ahead of the call's kernels
+    torch.cuda._sleep(4_000_000_000)  # about two seconds of GPU time queued ahead of the call's kernels
     try:
         flash_attention_varlen(q, k, v, cu_q, cu_k, MAX_SEQLEN, MAX_SEQLEN, True)
         returned = "returned"
@@ -81,6 +73,11 @@ def asserted() -> dict:
 
 
 if __name__ == "__main__":
-    result = {"clamped": clamped()}
-    print(json.dumps(result | {"asserted": asserted()}), flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, do = _guarded(TOTAL_Q, HEADS, gen), _guarded(TOTAL_Q, HEADS, gen).detach()
+    k, v = _guarded(TOTAL_K, HEADS_KV, gen), _guarded(TOTAL_K, HEADS_KV, gen)
+    # copied to the device before it is kept busy: a copy from pageable memory may wait for the stream
+    cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device="cuda") for cu in (BAD_CU_Q, BAD_CU_K))
+    result = {"clamped": clamped(q, k, v, do, cu_q, cu_k)}
+    print(json.dumps(result | {"asserted": asserted(q, k, v, cu_q, cu_k)}), flush=True)
     os._exit(0)  # no interpreter teardown on a CUDA context the assertion has ended
