@@ -228,7 +228,7 @@ def test_op_runs_the_kernel_sets_it_is_given(case, kernels):
     forward, backward = (KERNELS[name] for name in kernels)
     scale = _scale(q)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    o, lse = ops.Attention.apply(*leaves, causal, None, scale, *kernels)
+    o, lse = ops.attention(*leaves, causal, None, scale, *kernels)
     o.backward(do)
     ours = [o.detach(), lse, *(t.grad for t in leaves)]
     o_direct, lse_direct = forward.forward(q, k, v, causal, None, scale, None)
@@ -287,7 +287,7 @@ def test_sliding_window_kernels_and_public_path(case, dtype):
         assert torch.equal(a, b), f"{name}: the public path did not run the sm90 kernels"
 
     def sm90_then_portable(q, k, v, causal, window):
-        return ops.Attention.apply(q, k, v, causal, list(window), _scale(q), "sm90", "portable")
+        return ops.attention(q, k, v, causal, list(window), _scale(q), "sm90", "portable")
 
     mixed = _public(sm90_then_portable, q, k, v, do, causal, window)
     for ours in (kernels, mixed):

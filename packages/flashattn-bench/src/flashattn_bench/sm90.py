@@ -4,7 +4,7 @@ Steps: the Gluon forward's variants (``gluon-*``, :data:`flashattn_bench.compile
 table's entry, and one change each to its :class:`flashattn.sm90.tiles.ForwardTile`, such as other stage
 counts or a persistent grid) and the Gluon backward's (``gbwd-*``, :data:`BACKWARD_STEPS`: changes to its
 :class:`~flashattn.sm90.tiles.DqTile` and :class:`~flashattn.sm90.tiles.DkdvTile`). References, whole
-implementations through ``flashattn.ops.Attention``: ``sm90`` (both passes on the sm90 kernels, what the
+implementations through ``flashattn.ops.attention``: ``sm90`` (both passes on the sm90 kernels, what the
 public path runs here) and ``portable``; and SDPA's ``sdpa-cudnn`` and ``sdpa-flash``.
 
 One row per (technique step, pass, causal, length): median milliseconds (``triton.testing.do_bench``),
@@ -64,12 +64,12 @@ def _rel_err(x, ref) -> float:
 
 
 def _kernel_sets(name: str):
-    """``(q, k, v, causal) -> o`` through ``flashattn.ops.Attention`` with kernel set ``name`` for both
+    """``(q, k, v, causal) -> o`` through ``flashattn.ops.attention`` with kernel set ``name`` for both
     passes."""
     from flashattn import ops
 
     def attend(q, k, v, causal):
-        return ops.Attention.apply(q, k, v, causal, None, q.shape[-1] ** -0.5, name, name)[0]
+        return ops.attention(q, k, v, causal, None, q.shape[-1] ** -0.5, name, name)[0]
 
     return attend
 

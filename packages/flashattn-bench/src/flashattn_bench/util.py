@@ -25,7 +25,7 @@ def sdpa(backend: SDPBackend, **options) -> AttentionFn:
 
 
 def kernel_sets(forward: str, backward: str, window: tuple[int, int] | None = None) -> AttentionFn:
-    """``flashattn.ops.Attention`` on ``(B, H, S, d)`` inputs with the kernel sets ``forward`` and
+    """``flashattn.ops.attention`` on ``(B, H, S, d)`` inputs with the kernel sets ``forward`` and
     ``backward`` (names of ``flashattn.kernels.KERNELS``: "sm90", "portable", "pytorch") wherever they take
     the call; where one does not (e.g. "sm90" off sm90, or at head dim 256), the set the public path plans."""
     from flashattn import ops
@@ -43,7 +43,7 @@ def kernel_sets(forward: str, backward: str, window: tuple[int, int] | None = No
             for name, fallback in ((forward, planned.forward), (backward, planned.backward))
         )
         bounds = None if window is None else list(window)
-        o, _ = ops.Attention.apply(q, k, v, is_causal, bounds, q.shape[-1] ** -0.5, fwd, bwd)
+        o, _ = ops.attention(q, k, v, is_causal, bounds, q.shape[-1] ** -0.5, fwd, bwd)
         return o
 
     return attend

@@ -52,7 +52,7 @@ def flash_attention(
     kernels = plan(q4, k4, v4, is_causal, window)
     if kernels.forward == "pytorch" and q.device.type == "cuda":
         choose(q, k, v, is_causal, window)  # warns once with the reasons
-    o, lse = ops.Attention.apply(
+    o, lse = ops.attention(
         q4, k4, v4, is_causal, None if window is None else list(window), scale, *kernels
     )
     o, lse = o.reshape(q.shape), lse.reshape(q.shape[:-1])

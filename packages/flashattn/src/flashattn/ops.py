@@ -9,14 +9,20 @@ tensors and CUDA graphs see one opaque, shape-known call:
 
 ``window`` is ``None`` or ``[left, right]``; ``forward`` / ``backward`` name the kernel sets that run
 (:data:`flashattn.kernels.KERNELS`; :func:`flashattn.dispatch.plan` chooses them once per call and the
-backward's name is kept on the autograd context). :class:`Attention` and :class:`VarlenAttention` make the
+backward's name is kept on the autograd context). :func:`attention` and :func:`varlen_attention` make the
 forward ops differentiable through the backward ops. Outputs have the layouts of their inputs (``o`` like
 ``q``, ``dk`` like ``k``); ``lse`` is fp32 (fp64 for fp64 inputs) ``(B, H_q, seq_q)`` (packed: ``(H_q,
 total_q)``) and carries no gradient, as in flash-attn. Gradients of gradients are refused with an error.
+
+Host time: a Python custom op costs ~10 us a call in the dispatcher and an ``autograd.Function`` with
+``setup_context`` (what ``torch.func`` needs) ~20 us more than one without. Plain eager calls (no compiler, no
+``torch.func`` transform, no dispatch mode, plain tensors: :func:`_eager`) therefore call the kernels directly
+through a ``ctx``-style function; everything else goes through the ops.
 """
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from flashattn.inputs import Varlen
 from flashattn.kernels import KERNELS
@@ -43,13 +49,46 @@ def _like(out: Tensor, ref: Tensor) -> Tensor:
     return torch.empty_like(ref).copy_(out)
 
 
+def _eager(*tensors: Tensor) -> bool:
+    """True for a plain eager call: no compiler tracing, no ``torch.func`` transform, no dispatch mode (fake
+    tensors, flop counters), plain tensors; such calls may skip the dispatcher."""
+    return (
+        not torch.compiler.is_compiling()
+        and not torch._C._are_functorch_transforms_active()
+        and not is_in_torch_dispatch_mode()
+        and all(type(t) is Tensor for t in tensors)
+    )
+
+
+def _forward(q, k, v, is_causal, window, scale, forward, backward):
+    o, lse = KERNELS[forward].forward(q, k, v, is_causal, _window(window), scale, None)
+    return _like(o, q), lse.contiguous()
+
+
+def _backward(do, q, k, v, o, lse, is_causal, window, scale, backward):
+    grads = KERNELS[backward].backward(q, k, v, o, lse, do, is_causal, _window(window), scale, None)
+    return tuple(_like(g, t) for g, t in zip(grads, (q, k, v), strict=True))
+
+
+def _varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, window, scale, forward, backward):
+    o, lse = KERNELS[forward].forward(
+        q, k, v, is_causal, _window(window), scale, Varlen(cu_q, cu_k, max_q, max_k)
+    )
+    return _like(o, q), lse.contiguous()
+
+
+def _varlen_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, is_causal, window, scale, backward):
+    packed = Varlen(cu_q, cu_k, max_q, max_k)
+    grads = KERNELS[backward].backward(q, k, v, o, lse, do, is_causal, _window(window), scale, packed)
+    return tuple(_like(g, t) for g, t in zip(grads, (q, k, v), strict=True))
+
+
 @torch.library.custom_op("flashattn::forward", mutates_args=())
 def forward(
     q: Tensor, k: Tensor, v: Tensor, is_causal: bool, window: list[int] | None, scale: float, forward: str,
     backward: str,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    o, lse = KERNELS[forward].forward(q, k, v, is_causal, _window(window), scale, None)
-    return _like(o, q), lse.contiguous()
+    return _forward(q, k, v, is_causal, window, scale, forward, backward)
 
 
 @forward.register_fake
@@ -62,8 +101,7 @@ def backward(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, is_causal: bool,
     window: list[int] | None, scale: float, backward: str,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    grads = KERNELS[backward].backward(q, k, v, o, lse, do, is_causal, _window(window), scale, None)
-    return tuple(_like(g, t) for g, t in zip(grads, (q, k, v), strict=True))
+    return _backward(do, q, k, v, o, lse, is_causal, window, scale, backward)
 
 
 @backward.register_fake
@@ -76,9 +114,8 @@ def varlen_forward(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
     max_seqlen_k: int, is_causal: bool, window: list[int] | None, scale: float, forward: str, backward: str,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    packed = Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    o, lse = KERNELS[forward].forward(q, k, v, is_causal, _window(window), scale, packed)
-    return _like(o, q), lse.contiguous()
+    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, window,
+                           scale, forward, backward)  # fmt: skip
 
 
 @varlen_forward.register_fake
@@ -93,9 +130,8 @@ def varlen_backward(
     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, window: list[int] | None,
     scale: float, backward: str,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    packed = Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    grads = KERNELS[backward].backward(q, k, v, o, lse, do, is_causal, _window(window), scale, packed)
-    return tuple(_like(g, t) for g, t in zip(grads, (q, k, v), strict=True))
+    return _varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            is_causal, window, scale, backward)  # fmt: skip
 
 
 @varlen_backward.register_fake
@@ -104,30 +140,13 @@ def _(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-class _DenseBackward(torch.autograd.Function):
-    """The dense backward op as a function whose own backward refuses with :data:`DOUBLE_BACKWARD`
-    (first-order gradients, ``torch.func.grad`` included, never reach it)."""
+class _Refuses(torch.autograd.Function):
+    """A backward op as a function whose own backward refuses with :data:`DOUBLE_BACKWARD` (first-order
+    gradients, ``torch.func.grad`` included, never reach it); ``apply(op, *args)``."""
 
     @staticmethod
-    def forward(do, q, k, v, o, lse, is_causal, window, scale, kernels):
-        return torch.ops.flashattn.backward(do, q, k, v, o, lse, is_causal, window, scale, kernels)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(DOUBLE_BACKWARD)
-
-
-class _VarlenBackward(torch.autograd.Function):
-    """:class:`_DenseBackward` for packed documents."""
-
-    @staticmethod
-    def forward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, is_causal, window, scale, kernels):
-        return torch.ops.flashattn.varlen_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, is_causal,
-                                                   window, scale, kernels)  # fmt: skip
+    def forward(op_name, *args):
+        return getattr(torch.ops.flashattn, op_name)(*args)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -136,12 +155,22 @@ class _VarlenBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(DOUBLE_BACKWARD)
+
+
+def _gradients(op_name: str, direct, args: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward op on ``args``: through :class:`_Refuses` when a graph of the gradients is being built,
+    the kernels directly for a plain eager call, else the op."""
+    if torch.is_grad_enabled():
+        return _Refuses.apply(op_name, *args)
+    if _eager(*args[:6]):
+        return direct(*args)
+    return getattr(torch.ops.flashattn, op_name)(*args)
 
 
 class Attention(torch.autograd.Function):
     """``Attention.apply(q, k, v, is_causal, window, scale, forward, backward) -> (o, lse)``: the forward op,
-    differentiable through the backward op (``lse`` carries no gradient). An ``autograd.Function`` with
-    ``setup_context``, so ``torch.func`` transforms and ``torch.compile`` both take it."""
+    differentiable through the backward op (``lse`` carries no gradient); with ``setup_context``, so that
+    ``torch.func`` transforms and ``torch.compile`` take it."""
 
     @staticmethod
     def forward(q, k, v, is_causal, window, scale, forward_kernels, backward_kernels):
@@ -159,8 +188,20 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _DenseBackward.apply(do, q, k, v, o, lse, *ctx.arguments)
+        dq, dk, dv = _gradients("backward", _backward, (do, q, k, v, o, lse, *ctx.arguments))
         return dq, dk, dv, None, None, None, None, None
+
+
+class _EagerAttention(torch.autograd.Function):
+    """:class:`Attention` for plain eager calls: the kernels directly, in a ``ctx``-style function."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        Attention.setup_context(ctx, inputs, output)
+        return output
+
+    backward = Attention.backward
 
 
 class VarlenAttention(torch.autograd.Function):
@@ -184,5 +225,30 @@ class VarlenAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, cu_q, cu_k, o, lse = ctx.saved_tensors
-        dq, dk, dv = _VarlenBackward.apply(do, q, k, v, o, lse, cu_q, cu_k, *ctx.arguments)
-        return dq, dk, dv, *[None] * 9
+        args = (do, q, k, v, o, lse, cu_q, cu_k, *ctx.arguments)
+        dq, dk, dv = _gradients("varlen_backward", _varlen_backward, args)
+        return dq, dk, dv, *[None] * 11
+
+
+class _EagerVarlenAttention(torch.autograd.Function):
+    """:class:`VarlenAttention` for plain eager calls."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _varlen_forward(*inputs)
+        VarlenAttention.setup_context(ctx, inputs, output)
+        return output
+
+    backward = VarlenAttention.backward
+
+
+def attention(q, k, v, is_causal, window, scale, forward_kernels, backward_kernels) -> tuple[Tensor, Tensor]:
+    """``(o, lse)`` of ``(B, H, S, d)`` views, differentiable; arguments as ``flashattn::forward``'s."""
+    function = _EagerAttention if _eager(q, k, v) else Attention
+    return function.apply(q, k, v, is_causal, window, scale, forward_kernels, backward_kernels)
+
+
+def varlen_attention(*args) -> tuple[Tensor, Tensor]:
+    """``(o, lse)`` of packed documents, differentiable; arguments as ``flashattn::varlen_forward``'s."""
+    function = _EagerVarlenAttention if _eager(*args[:5]) else VarlenAttention
+    return function.apply(*args)

@@ -60,7 +60,7 @@ def _compile_one(variant: Variant) -> tuple[Variant, float, str]:
                 window = None if variant.window is None else list(variant.window)
                 scale = variant.head_dim**-0.5
                 for kernels, (k_, v_) in product(("sm90", "portable"), ((k, v), (k[:, :1], v[:, :1]))):
-                    o, _ = ops.Attention.apply(q, k_, v_, variant.causal, window, scale, kernels, kernels)
+                    o, _ = ops.attention(q, k_, v_, variant.causal, window, scale, kernels, kernels)
                     o.backward(do)
         torch.cuda.synchronize()
         status = "ok"

@@ -127,7 +127,7 @@ def flash_attention_varlen(
     q, k, v = autocast_inputs(q, k, v)
     scale = check_scale(softmax_scale, q.shape[-1])
     kernels = plan(q, k, v, is_causal, window, Varlen(cu_q, cu_k, max_seqlen_q, max_seqlen_k))
-    o, lse = ops.VarlenAttention.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, is_causal,
+    o, lse = ops.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, is_causal,
                                 None if window is None else list(window), scale, *kernels)  # fmt: skip
     return (o, lse) if return_lse else o
 
