@@ -104,11 +104,13 @@ def test_double_backward_is_refused(fn):
 
 
 def test_fake_tensors_take_the_op():
-    """Under a dispatch mode (fake tensors here) calls go through the op and its fake implementation, never the
-    kernels; plain eager calls take the kernels directly."""
+    """Under a dispatch mode (fake tensors here) calls go through the op and its fake implementation, never
+    the kernels; plain eager calls take the kernels directly."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
-        q, k = torch.empty(2, 4, 300, 64, dtype=torch.bfloat16), torch.empty(2, 2, 310, 64, dtype=torch.bfloat16)
+        q = torch.empty(2, 4, 300, 64, dtype=torch.bfloat16)
+        k = torch.empty(2, 2, 310, 64, dtype=torch.bfloat16)
         o, lse = flash_attention(q, k, k, True, return_lse=True)
-    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (2, 4, 300) and lse.dtype == torch.float32
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert lse.shape == (2, 4, 300) and lse.dtype == torch.float32
