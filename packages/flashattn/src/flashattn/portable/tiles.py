@@ -163,8 +163,12 @@ def shared_bytes(kernel: str, cfg: TileConfig, head_dim: int, itemsize: int, tar
     the other side's (``k, v`` or ``q, dO``) through a pipeline of buffers: ``stages - 1`` of them with
     ``mma.sync`` (cp.async), ``stages`` with ``wgmma`` and ``tcgen05``. fp32 (tf32x3) keeps a second copy of
     its own tiles. ``tcgen05`` takes the probability / ``dS`` operand from shared memory (one tile in the
-    forward, two in the backward kernels); ``mma.sync`` passes it through shared memory at head dim 256. The
-    lse / D rows stream beside; 1 KB covers barriers and row vectors.
+    forward, two in the backward kernels); ``mma.sync`` passes it through shared memory at head dim 256 (the forward
+    twice: compiled for sm_89, its fp32 32 x 16 tile needs 102 400 bytes, one tile above a single count).
+    The lse / D rows stream beside; 1 KB covers barriers and row vectors. 16-bit head dims that are not a
+    power of two (masked columns) take one more 4 KB buffer with ``mma.sync``: the bf16 d 96 dK/dV kernel
+    (64 x 128, two stages) needs 102 912 bytes against 98 816 at d 128 (fp32 d 192 and 256 need the same)
+    (``docs/runs/2026-12-07-flashattn-aot``).
     """
     d = padded_head_dim(head_dim)
     lowering = family_of(target).lowering
@@ -172,9 +176,11 @@ def shared_bytes(kernel: str, cfg: TileConfig, head_dim: int, itemsize: int, tar
     own, other = _rows(kernel, cfg)
     buffers = max(1, cfg.num_stages - 1) if lowering == "mma" else cfg.num_stages
     own_bytes = kept * own * d * itemsize * (2 if itemsize == 4 else 1)
-    probs = {"mma": 1 if d >= 256 else 0, "wgmma": 0, "tcgen05": 1 if kernel == "forward" else 2}[lowering]
+    mma_probs = (2 if kernel == "forward" else 1) if d >= 256 else 0
+    probs = {"mma": mma_probs, "wgmma": 0, "tcgen05": 1 if kernel == "forward" else 2}[lowering]
+    masked = 4096 if lowering == "mma" and head_dim != d and itemsize == 2 else 0
     return (own_bytes + buffers * (streamed * other * d * itemsize + _VECTORS[kernel] * other * 4)
-            + probs * cfg.block_m * cfg.block_n * itemsize + 1024)  # fmt: skip
+            + probs * cfg.block_m * cfg.block_n * itemsize + masked + 1024)  # fmt: skip
 
 
 def tmem_columns(kernel: str, cfg: TileConfig, head_dim: int, itemsize: int, target: Target = HOPPER) -> int:
