@@ -47,7 +47,9 @@ MANIFEST = "manifest.json"
 METADATA = ".metadata"
 _FORMAT = "parallel.checkpoint/1"
 _CHUNK = 64 << 20  # bytes read at a time when checksumming a written file
-_CHECK_THREADS = 2  # CRC workers beside the thread that deserializes
+# CRC workers beside the thread that deserializes (zlib.crc32 releases the GIL): at ~2-4 GB/s a worker, a
+# checkpoint read from the page cache needs several to keep verification under a tenth of the load
+_CHECK_THREADS = max(2, min(8, (os.cpu_count() or 2) - 1))
 
 
 @dataclass
