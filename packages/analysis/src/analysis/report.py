@@ -95,7 +95,7 @@ def c_note(matmul_flops: float, from_constant: bool, lowest: float | None) -> st
     note = (
         "is the constant `H200_MEASURED_BF16_MATMUL_FLOPS` of `analysis.accounting`, not a value read from a "
         "measurement file (the datasheet's dense peak is 989). The project's own measurements of that bf16 "
-        f"8192^3 matmul (`flashattn.benchutil.matmul_tflops`) give {generated('matmul-rate')}, and "
+        f"8192^3 matmul (`flashattn_bench.util.matmul_tflops`) give {generated('matmul-rate')}, and "
         f"{generated('flashattn.matmul-logs')}."
     )
     if lowest is not None and lowest < matmul_flops:
