@@ -28,7 +28,8 @@ def main() -> None:
     table = table.drop(columns=["batch", "heads", "kv_heads", "seq", "head_dim"])
     print(table.to_markdown(index=False))
     spread = table["after / before"]
-    print(f"\nafter / before: median {statistics.median(spread):.3f}, range {spread.min():.3f}-{spread.max():.3f}")
+    summary = f"median {statistics.median(spread):.3f}, range {spread.min():.3f}-{spread.max():.3f}"
+    print(f"\nafter / before: {summary}")
 
 
 if __name__ == "__main__":

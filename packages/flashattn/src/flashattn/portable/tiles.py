@@ -163,11 +163,11 @@ def shared_bytes(kernel: str, cfg: TileConfig, head_dim: int, itemsize: int, tar
     the other side's (``k, v`` or ``q, dO``) through a pipeline of buffers: ``stages - 1`` of them with
     ``mma.sync`` (cp.async), ``stages`` with ``wgmma`` and ``tcgen05``. fp32 (tf32x3) keeps a second copy of
     its own tiles. ``tcgen05`` takes the probability / ``dS`` operand from shared memory (one tile in the
-    forward, two in the backward kernels); ``mma.sync`` passes it through shared memory at head dim 256 (the forward
-    twice: compiled for sm_89, its fp32 32 x 16 tile needs 102 400 bytes, one tile above a single count).
-    The lse / D rows stream beside; 1 KB covers barriers and row vectors. 16-bit head dims that are not a
-    power of two (masked columns) take one more 4 KB buffer with ``mma.sync``: the bf16 d 96 dK/dV kernel
-    (64 x 128, two stages) needs 102 912 bytes against 98 816 at d 128 (fp32 d 192 and 256 need the same)
+    forward, two in the backward kernels); ``mma.sync`` passes it through shared memory at head dim 256 (the
+    forward twice: compiled for sm_89, its fp32 32 x 16 tile needs 102 400 bytes, a tile above one count). The
+    lse / D rows stream beside; 1 KB covers barriers and row vectors. 16-bit head dims that are not a power of
+    two (masked columns) take one more 4 KB buffer with ``mma.sync``: the bf16 d 96 dK/dV kernel (64 x 128,
+    two stages) needs 102 912 bytes against 98 816 at d 128, while fp32 at d 192 needs what it needs at d 256
     (``docs/runs/2026-12-07-flashattn-aot``).
     """
     d = padded_head_dim(head_dim)
