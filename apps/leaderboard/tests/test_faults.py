@@ -103,11 +103,13 @@ def test_a_stopped_rank_is_named_with_its_last_phase(monkeypatch, capsys):
 @pytest.mark.timeout(300)
 def test_training_longer_than_the_stall_timeout_finishes(tmp_path, token_files):
     """2 ranks train for several times the stall timeout: heartbeats of every step keep the run alive."""
-    argv = [*SMALL, "--ranks", "2", "--data", str(token_files[0]), "--steps", "60", "--stall-timeout", "3"]
+    steps = 240  # ~0.04 s a step on an idle 2-core machine: about three stall timeouts at least
+    argv = [*SMALL, "--ranks", "2", "--data", str(token_files[0]), "--steps", str(steps),
+            "--stall-timeout", "3"]
     started = time.monotonic()
     assert cli.main([*argv, "--out", str(tmp_path)]) == 0
     assert time.monotonic() - started > 3
-    assert len(pd.read_csv(tmp_path / "losses.csv")) == 60
+    assert len(pd.read_csv(tmp_path / "losses.csv")) == steps
 
 
 # ------------------------------------------------------------------- item 2: one run per --save folder
