@@ -95,7 +95,7 @@ def _returns_opaque(rank, world_size):
 
 @pytest.mark.timeout(60)
 def test_results_that_could_run_code_when_loaded_are_refused():
-    refused = r"rank 0 of 2 failed(.|\n)*it returned a dict that the launcher cannot read back safely"
+    refused = r"rank [01] of 2 failed(.|\n)*it returned a dict that the launcher cannot read back safely"
     with pytest.raises(WorkerError, match=refused):
         spawn(_returns_opaque, 2, timeout=40)
 

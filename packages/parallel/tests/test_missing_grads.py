@@ -1,5 +1,7 @@
 """A gradient missing on some ranks only, or a parameter added after wrapping: every wrapper raises within
-seconds, on every rank, naming the parameter and the ranks; none hangs (gloo, 2 ranks)."""
+seconds, on every rank, naming the parameter and the ranks; none hangs (gloo, 2 ranks). The ranks are
+spawned, not forked: forked after the launcher tests of this folder ran in the same process, the DDP-family
+case hung (reproduced three times, not yet explained)."""
 
 import time
 
@@ -119,11 +121,11 @@ def _added_after_wrapping(rank, world_size):
 
 
 def test_ddp_family_names_a_gradient_missing_on_some_ranks():
-    spawn(_ddp_family, 2, timeout=120)
+    spawn(_ddp_family, 2, timeout=120, start_method="spawn")
 
 
 def test_ddp_family_names_parameters_added_after_wrapping():
-    spawn(_added_after_wrapping, 2, timeout=120)
+    spawn(_added_after_wrapping, 2, timeout=120, start_method="spawn")
 
 
 def _fsdp(rank, world_size):
@@ -170,8 +172,8 @@ def _sharded_optimizer(rank, world_size):
 
 
 def test_fsdp_names_a_unit_or_gradient_used_on_some_ranks_only():
-    spawn(_fsdp, 2, timeout=120)
+    spawn(_fsdp, 2, timeout=120, start_method="spawn")
 
 
 def test_sharded_optimizer_names_a_gradient_missing_on_some_ranks():
-    spawn(_sharded_optimizer, 2, timeout=60)
+    spawn(_sharded_optimizer, 2, timeout=60, start_method="spawn")

@@ -238,8 +238,14 @@ def _spawned(rank, fn, world_size, backend, port, args, outcome_dir, timeout_s, 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    if _write_outcome(Path(outcome_dir) / f"{rank}.pt", outcome) == "error":
-        sys.exit(1)
+    status = _write_outcome(Path(outcome_dir) / f"{rank}.pt", outcome)
+    # End without the interpreter's teardown, as a forked child always does: under the spawn start method
+    # the teardown destroys the C++ threads of gloo and the TCP store in no fixed order, and now and then
+    # one still joinable aborts the process ("terminate called without an active exception") after its
+    # outcome is on disk.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if status == "ok" else 1)
 
 
 def _failure_message(rank: int, world_size: int, exitcode: int | None, error: str | None) -> str:
