@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,12 +35,19 @@ def _steps(rank, world_size, steps, seconds, stop_rank_at):
     return float(total.item())
 
 
+def _native_threads() -> list[str]:
+    tasks = Path("/proc/self/task").iterdir()
+    return sorted((task / "comm").read_text().strip() for task in tasks)
+
+
 @pytest.mark.timeout(60)
 def test_spawn_names_the_stopped_rank_and_its_phase():
-    started = time.monotonic()
+    """Also: the launcher starts no thread that outlives the run (a later fork would inherit its locks)."""
+    threads, started = _native_threads(), time.monotonic()
     with pytest.raises(heartbeat.StallError, match=STOPPED) as stall:
         spawn(_steps, 2, 20, 0.01, 3, timeout=None, stall_timeout=STALL_S)
     assert time.monotonic() - started < 30
+    assert _native_threads() == threads
     assert f"no rank of 2 reported progress for {STALL_S} s" in str(stall.value)
     assert "rank 0 on" in str(stall.value) and "still answering" in str(stall.value)
 

@@ -11,9 +11,9 @@ soon after a peer stops (they wait for it in the next collective), so any stall 
 works alone for long (a save) keeps the run alive as long as it beats. The watch then names the ranks,
 those that stopped answering first, then those furthest behind, each with its last phase.
 
-Who watches: ``parallel.launch.spawn`` and ``parallel.launch.torchrun`` given ``stall_timeout`` (their
-launcher process hosts the store, so a stopped rank cannot freeze it; ranks find it through the
-``PARALLEL_HEARTBEAT`` variable and report with :func:`reporting`); under a ``torchrun`` started from the
+Who watches: ``parallel.launch.spawn`` and ``parallel.launch.torchrun`` given ``stall_timeout`` (the beats go
+to files in a folder of their launcher, :class:`FolderStore`; ranks find it through the ``PARALLEL_HEARTBEAT``
+variable and report with :func:`reporting`); under a ``torchrun`` started from the
 shell, :func:`watched` in every rank, whose watch thread ends its process with the diagnosis (also written
 where torchrun's agent reports errors). Without either, ``beat`` does nothing.
 """
@@ -26,13 +26,15 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch.distributed as dist
 
-ENV = "PARALLEL_HEARTBEAT"  # "host:port" of the launcher's heartbeat store
+ENV = "PARALLEL_HEARTBEAT"  # "folder:stall_timeout" of the launcher's beats
 STALL_EXIT_CODE = 75  # a rank ended by its own watch thread
 
 
@@ -50,9 +52,29 @@ def connect(host: str, port: int, timeout_s: float = 60.0) -> dist.Store:
     return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def host_store(port: int = 0) -> dist.TCPStore:
-    """A store served by this process (``port`` 0: any free one, ``.port`` says which)."""
-    return dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+class FolderStore:
+    """The part of a ``torch.distributed`` store that heartbeats use (``set``, ``check``, ``get``), one file
+    per key in ``folder``, for ranks on the launcher's host. Unlike a ``TCPStore`` it has no server thread,
+    which a launcher that forks its ranks must not have (a forked child inherits any lock that thread held,
+    and hangs on it); unlike a ``FileStore`` it takes no lock, which a rank stopped mid-write would keep."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    def _file(self, key: str) -> Path:
+        return self.folder / key.replace("/", "-")
+
+    def set(self, key: str, value: str) -> None:
+        path = self._file(key)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+        partial.write_text(value)
+        os.replace(partial, path)
+
+    def check(self, keys: list[str]) -> bool:
+        return all(self._file(key).exists() for key in keys)
+
+    def get(self, key: str) -> bytes:
+        return self._file(key).read_bytes()
 
 
 def _read(store: dist.Store, key: str) -> str | None:
@@ -172,8 +194,8 @@ def reporting(rank: int) -> Iterator[None]:
     if not address:
         yield
         return
-    host, port, stall_timeout = address.rsplit(":", 2)
-    with _reporting_to(lambda: connect(host, int(port)), rank, tick_seconds(float(stall_timeout))):
+    folder, stall_timeout = address.rsplit(":", 1)
+    with _reporting_to(lambda: FolderStore(folder), rank, tick_seconds(float(stall_timeout))):
         yield
 
 
@@ -226,12 +248,13 @@ def watched(rank: int, world_size: int, stall_timeout: float, end=_end_process) 
 @contextlib.contextmanager
 def served(stall_timeout: float | None):
     """For a launcher: ``(PARALLEL_HEARTBEAT value for the ranks, Watch factory taking the world size)`` of a
-    store served by this process, or ``(None, None)`` when ``stall_timeout`` is None."""
+    :class:`FolderStore` in a temporary folder, or ``(None, None)`` when ``stall_timeout`` is None."""
     if stall_timeout is None:
         yield None, None
         return
-    store = host_store()
-    yield f"127.0.0.1:{store.port}:{stall_timeout}", lambda n: Watch(store, n, stall_timeout)
+    with tempfile.TemporaryDirectory(prefix="heartbeat-") as folder:
+        store = FolderStore(folder)
+        yield f"{folder}:{stall_timeout}", lambda n: Watch(store, n, stall_timeout)
 
 
 @contextlib.contextmanager
