@@ -33,7 +33,7 @@ COMMANDS = _commands()
 
 def test_commands_are_found():
     names = {" ".join(c) for c in COMMANDS}
-    assert {"-m profiling.bench", "-m parallel.bench_ddp", "-m analysis.report"} <= names, names
+    assert {"-m profiling.bench", "-m parallel_bench.ddp", "-m analysis.report"} <= names, names
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[-1])

@@ -105,9 +105,9 @@ def allreduce_1gib() -> str:
 
 @block("fsdp.ours-busy")
 def ours_busy() -> str:
-    """Busy time of our FSDP's profiled step, as ``parallel.trace_plot`` counts it for the figure."""
+    """Busy time of our FSDP's profiled step, as ``parallel_bench.trace_plot`` counts it for the figure."""
     from harness.trace import load_trace
-    from parallel.trace_plot import gpu_intervals, summary
+    from parallel_bench.trace_plot import gpu_intervals, summary
 
     from .fmt import ROOT
 

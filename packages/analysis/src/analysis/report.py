@@ -36,7 +36,7 @@ def _column(row: dict[str, str], *names: str) -> str:
 def read_bus_bandwidth(path: Path) -> tuple[float, str] | None:
     """All-reduce bus bandwidth (bytes/s) of the largest message in a collective benchmark CSV, or ``None``.
 
-    Reads ``parallel.bench_collectives``' table (``collective, processes, size_bytes, busbw_GBps`` and
+    Reads ``parallel_bench.collectives``' table (``collective, processes, size_bytes, busbw_GBps`` and
     ``backend``) or one with columns ``op, world_size, size_bytes, busbw`` (GB/s unless above 1e6, then
     bytes/s). Only NCCL rows count when a backend column exists (gloo on CPUs says nothing about GPUs);
     prefers 2 ranks, else the fewest.
@@ -153,7 +153,7 @@ def parse_args(argv: list[str] | None = None):
         "--collectives-csv",
         type=Path,
         default=REPOSITORY_COLLECTIVES,
-        help="collective benchmark table written by python -m parallel.bench_collectives; its largest NCCL "
+        help="collective benchmark table written by python -m parallel_bench.collectives; its largest NCCL "
         "all-reduce (on 2 GPUs if present) gives W; ignored if missing or if --bandwidth-gbps is given",
     )
     parser.add_argument(
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> Path:
         if measured is None:
             raise SystemExit(
                 f"--collectives-csv {args.collectives_csv}: no NCCL all-reduce found (run python -m "
-                "parallel.bench_collectives on GPUs), so W is unknown; pass --bandwidth-gbps"
+                "parallel_bench.collectives on GPUs), so W is unknown; pass --bandwidth-gbps"
             )
         bandwidth, source = measured
     from_constant = args.matmul_tflops is None

@@ -1,8 +1,8 @@
-"""Collective benchmarks, data-parallel wrappers, optimizer-state sharding and FSDP on torch.distributed.
+"""Data-parallel wrappers, optimizer-state sharding, FSDP and sharded checkpoints on torch.distributed.
 
-The library imports only torch; the benchmarks (``python -m parallel.bench_*``) also build the reference
-model of ``cs336_basics`` (the optional extra ``parallel[bench]``). The public names load their module on
-first use, so ``python -m parallel.bench_* --help`` answers without importing torch.
+The library imports only torch; its benchmarks live in the ``parallel-bench`` package (``python -m
+parallel_bench.<module>``). The public names load their module on first use, so importing ``parallel``
+does not import torch.
 """
 
 from __future__ import annotations

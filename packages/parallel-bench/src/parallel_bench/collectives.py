@@ -1,9 +1,9 @@
 """Bandwidth of all-reduce, all-gather and reduce-scatter on float32 tensors, NCCL on GPUs or gloo on CPUs.
 
-    python -m parallel.bench_collectives --world-sizes 2 4 --sizes-mib 1 10 100 1024 --out docs
+    python -m parallel_bench.collectives --world-sizes 2 4 --sizes-mib 1 10 100 1024 --out docs
 
 For each process count one group of workers is started (one GPU each with NCCL), and every rank times
-each (collective, size) (``parallel.bench_collectives_calls``). The table reports the median and the
+each (collective, size) (``parallel_bench.collectives_calls``). The table reports the median and the
 10th / 90th percentiles over calls of the slowest rank's time, the algorithm bandwidth ``S / t`` and the
 bus bandwidth (bytes each rank sends over one link per second, nccl-tests' definition, from
 ``analysis.collectives.bus_bandwidth``). ``S`` is the all-reduced tensor, the gathered output, or the
@@ -60,9 +60,9 @@ def measure(config: CollectivesConfig):
     """Every (process count, collective, size): one row each, with bandwidths and the environment."""
     import pandas as pd
     from harness.environment import environment
-
-    from parallel.bench_collectives_calls import worker
     from parallel.launch import spawn
+
+    from parallel_bench.collectives_calls import worker
 
     env = environment()
     frames = []
@@ -140,7 +140,7 @@ def report(df, config: CollectivesConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> CollectivesConfig:
-    p = cli.command_parser("python -m parallel.bench_collectives", __doc__)
+    p = cli.command_parser("python -m parallel_bench.collectives", __doc__)
     cli.add_list(
         p, "--world-sizes", cli.positive_int, [2, 4], "process counts to run, one group of workers each"
     )

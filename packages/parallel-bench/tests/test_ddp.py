@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 from harness.trace import load_trace
-from parallel import trace_plot
+from parallel_bench import trace_plot
 
 
 def _kernel(name, stream, start_us, dur_us, cat="kernel"):
@@ -54,9 +54,9 @@ def test_trace_without_kernels_is_refused(tmp_path):
 def test_benchmark_runs_every_variant_on_cpu_processes(tmp_path):
     pytest.importorskip("cs336_basics")
     pytest.importorskip("analysis.accounting")
-    from parallel import bench_ddp
+    from parallel_bench import ddp
 
-    df = bench_ddp.main(
+    df = ddp.main(
         [
             "--preset",
             "tiny",

@@ -4,9 +4,9 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-from parallel import bench_collectives as bc
-from parallel import bench_collectives_calls as calls
 from parallel.launch import spawn
+from parallel_bench import collectives as bc
+from parallel_bench import collectives_calls as calls
 
 
 def _collectives_compute_the_right_thing(rank, world_size, numel):

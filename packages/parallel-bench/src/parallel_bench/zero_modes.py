@@ -1,7 +1,7 @@
 """ZeRO-1's two modes on the same model: bytes each rank sends per step, and the time of the step's
 communication and update, on CPU processes (gloo) or GPUs (NCCL).
 
-    python -m parallel.bench_zero_modes --world-size 2 --backend gloo --out results
+    python -m parallel_bench.zero_modes --world-size 2 --backend gloo --out results
 
 Model: ``--layers`` square ``nn.Linear`` layers of width ``--width`` (fp32). Every rank holds its own random
 gradients (what a backward pass would leave), then one optimizer step of ``torch.optim.AdamW`` through
@@ -76,7 +76,6 @@ def _bytes_sent(calls: list, world_size: int) -> float:
 def _worker(rank: int, world_size: int, width: int, layers: int, rounds: int) -> dict:
     import torch
     import torch.distributed as dist
-
     from parallel.zero import ShardedOptimizer
 
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
@@ -132,9 +131,9 @@ def main(argv: list[str] | None = None):
 
     import pandas as pd
     from harness.results import to_markdown
-
-    from parallel.bench_results import write_results
     from parallel.launch import spawn
+
+    from parallel_bench.results import write_results
 
     print(f"{args.layers} x Linear({args.width}, {args.width}) on {args.world_size} {args.backend} "
           f"processes, {args.rounds} rounds", flush=True)

@@ -1,6 +1,6 @@
 """Training step of ``parallel.FSDP`` against PyTorch's FSDP2 (``fully_shard``) on the same model, in one run.
 
-    python -m parallel.bench_fsdp --preset xl --out docs
+    python -m parallel_bench.fsdp --preset xl --out docs
 
 Both shard a ``cs336_basics`` preset built on the meta device (SDPA attention) per TransformerBlock, compute
 in BF16 with fp32 master weights, reduce gradients in fp32 and step ``torch.optim.AdamW(foreach=True)`` on
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from parallel.bench_zero import GIB, parse_run_arguments
+from parallel_bench.zero import GIB, parse_run_arguments
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -86,7 +86,7 @@ def plot_step_timelines(out: Path, title: str) -> dict[str, dict]:
     """
     from harness.trace import load_trace
 
-    from parallel.trace_plot import plot_timelines
+    from parallel_bench.trace_plot import plot_timelines
 
     with tempfile.TemporaryDirectory() as tmp:
         traces = {}
@@ -100,7 +100,7 @@ def plot_step_timelines(out: Path, title: str) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame | None:
-    args = parse_run_arguments("python -m parallel.bench_fsdp", __doc__, argv, warmup=3, steps=6,
+    args = parse_run_arguments("python -m parallel_bench.fsdp", __doc__, argv, warmup=3, steps=6,
                                out_help="folder of tables, traces, figures", replot=True)
     title = f"{args.preset}, BF16, {args.world_size} GPUs: one training step, rank 0"
     if args.replot:
@@ -108,10 +108,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame | None:
             print(f"{impl}: {s}")
         return None
     from harness.results import to_markdown, write_table
-
-    from parallel.bench_fsdp_steps import worker
-    from parallel.bench_results import write_results
     from parallel.launch import spawn
+
+    from parallel_bench.fsdp_steps import worker
+    from parallel_bench.results import write_results
 
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{args.preset}: ours and FSDP2, {args.warmup}+{args.steps} steps on {args.world_size} GPUs",

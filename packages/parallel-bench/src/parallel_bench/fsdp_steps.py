@@ -1,4 +1,4 @@
-"""The timed training steps of ``python -m parallel.bench_fsdp``, run in every worker process: ours
+"""The timed training steps of ``python -m parallel_bench.fsdp``, run in every worker process: ours
 (``parallel.FSDP``) and FSDP2 (``fully_shard``) on the same preset, CUDA events around each step, the gathers
 of the last timed step against the moment they were needed, and one profiled step per implementation.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from harness.timing import Marks
 from harness.trace import activities, export_trace
-
-from parallel.bench_fsdp import IMPLS
-from parallel.bench_zero import GIB, random_batch, sdpa
 from parallel.fsdp import FSDP
+
+from parallel_bench.fsdp import IMPLS
+from parallel_bench.zero import GIB, random_batch, sdpa
 
 
 class GatherTimer:

@@ -1,6 +1,6 @@
 """Sharded save and load of a ``cs336_basics`` preset with AdamW state: bandwidth to disk and memory held.
 
-    python -m parallel.bench_checkpoint --preset xl --dir /tmp/ckpt --out results
+    python -m parallel_bench.checkpoint --preset xl --dir /tmp/ckpt --out results
 
 One process per GPU (NCCL; gloo with ``--device cpu``) builds the preset on the meta device and shards it with
 ``parallel.FSDP`` (one unit per TransformerBlock, fp32), makes AdamW's state with one step on zero gradients,
@@ -54,7 +54,6 @@ def _build(preset: str, device):
     import torch
     from cs336_basics.model import TransformerBlock
     from cs336_basics.presets import build_model, get_preset
-
     from parallel.fsdp import FSDP
 
     net = build_model(get_preset(preset), device="meta")
@@ -83,7 +82,6 @@ def _drop_page_cache() -> bool:
 def _worker(rank: int, world_size: int, preset: str, folder: Path, threads: int, drop_cache: bool) -> dict:
     import torch
     import torch.distributed as dist
-
     from parallel.checkpoint import load_sharded, save_sharded
 
     cuda = dist.get_backend() == "nccl"
@@ -155,9 +153,9 @@ def main(argv: list[str] | None = None):
     import pandas as pd
     import torch
     from harness.results import to_markdown
-
-    from parallel.bench_results import write_results
     from parallel.launch import spawn
+
+    from parallel_bench.results import write_results
 
     if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
         raise SystemExit(f"needs {args.world_size} CUDA GPUs, found {torch.cuda.device_count()}")

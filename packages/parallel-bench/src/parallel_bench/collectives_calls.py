@@ -1,4 +1,4 @@
-"""The timed collective calls of ``python -m parallel.bench_collectives``, run in every worker process.
+"""The timed collective calls of ``python -m parallel_bench.collectives``, run in every worker process.
 
 Every rank runs each (collective, size): ``warmup`` untimed calls, then ``steps`` timed calls, each after a
 barrier so that the ranks start together, timed by marks on the stream (CUDA events on GPUs, the host

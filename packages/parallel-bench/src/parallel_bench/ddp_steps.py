@@ -1,4 +1,4 @@
-"""The timed training steps of ``python -m parallel.bench_ddp``, run in every worker process.
+"""The timed training steps of ``python -m parallel_bench.ddp``, run in every worker process.
 
 Each variant gets a fresh model (a ``cs336_basics`` preset, fp32 weights; ``bf16`` runs the forward and
 loss under BF16 autocast), ``torch.optim.AdamW(foreach=True)``, a fixed random batch per rank,
@@ -25,7 +25,6 @@ from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.presets import build_model, get_preset
 from harness.timing import Marks, synchronize
 from harness.trace import activities, export_trace, phase
-
 from parallel.ddp import DDP, BucketedDDP, FlatDDP, NaiveDDP
 
 TRACED = ("naive", "ddp")

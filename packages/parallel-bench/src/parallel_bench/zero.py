@@ -1,12 +1,12 @@
 """Memory and step time of data-parallel training with and without ZeRO-1 optimizer-state sharding.
 
-    python -m parallel.bench_zero --preset xl --out docs
+    python -m parallel_bench.zero --preset xl --out docs
 
 Each rank builds the preset in fp32 (``cs336_basics``, SDPA attention), wraps it in torch's
 ``DistributedDataParallel(gradient_as_bucket_view=True)`` (so gradients live in its buckets, one copy) and
 trains with ``torch.optim.AdamW`` either plainly (``unsharded``) or through ``parallel.ShardedOptimizer``
 (``zero1``, ``mode="broadcast"``: DDP averages the gradients), on a fixed random batch of ``--batch-size``
-sequences of the preset's context per GPU. (``python -m parallel.bench_zero_modes`` compares the two modes.)
+sequences of the preset's context per GPU. (``python -m parallel_bench.zero_modes`` compares the two modes.)
 
 Memory (``torch.cuda`` allocator, per rank, GiB): allocated after model creation; allocated and peak just
 before the optimizer step (after backward) and just after it, in the last timed step; and the bytes of
@@ -69,7 +69,6 @@ def _run_mode(mode: str, preset: str, batch: int, warmup: int, steps: int) -> di
     from cs336_basics.nn_utils import cross_entropy
     from cs336_basics.presets import build_model, get_preset
     from harness.timing import Marks
-
     from parallel.zero import ShardedOptimizer
 
     config = get_preset(preset)
@@ -183,12 +182,12 @@ def parse_run_arguments(prog: str, doc: str, argv: list[str] | None, warmup: int
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = parse_run_arguments("python -m parallel.bench_zero", __doc__, argv, warmup=2, steps=3,
+    args = parse_run_arguments("python -m parallel_bench.zero", __doc__, argv, warmup=2, steps=3,
                                out_help="folder for zero.csv and zero.md")
     from harness.results import to_markdown
-
-    from parallel.bench_results import write_results
     from parallel.launch import spawn
+
+    from parallel_bench.results import write_results
 
     print(f"{args.preset}: {len(MODES)} modes of {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)

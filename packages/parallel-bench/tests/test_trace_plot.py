@@ -7,7 +7,7 @@ import harness.results
 import matplotlib.colors as mcolors
 import pytest
 from harness.trace import load_trace
-from parallel import trace_plot
+from parallel_bench import trace_plot
 
 
 def _event(name, stream, start_us, dur_us, cat="kernel"):

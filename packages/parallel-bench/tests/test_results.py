@@ -6,8 +6,8 @@ import sys
 
 import pandas as pd
 import pytest
-from parallel import bench_fsdp, bench_zero
-from parallel.bench_results import write_results
+from parallel_bench import fsdp, zero
+from parallel_bench.results import write_results
 
 
 def test_write_results_header_then_every_table(tmp_path):
@@ -30,16 +30,16 @@ def test_fsdp_tables_take_the_slower_rank_of_each_step():
 
     per_rank = [rank([1.0, 5.0, 3.0], [2.0, 2.0, 2.0], [-0.5, 0.25]),
                 rank([4.0, 1.0, 3.0], [3.0, 1.0, 2.0], [1.0])]  # fmt: skip
-    df, gathers = bench_fsdp._tables("small", 4, 2, per_rank)
+    df, gathers = fsdp._tables("small", 4, 2, per_rank)
     ours, fsdp2 = df.set_index("impl").loc["ours"], df.set_index("impl").loc["fsdp2"]
     assert ours["step_ms"] == 4.0 and fsdp2["step_ms"] == 2.0  # medians of (4, 5, 3) and (3, 2, 2)
     assert ours["vs_fsdp2_time"] == pytest.approx(2.0) and ours["vs_fsdp2_memory"] == pytest.approx(0.75)
-    summary = bench_fsdp.gather_summary(gathers).set_index("rank")
+    summary = fsdp.gather_summary(gathers).set_index("rank")
     assert summary.loc[0, "finished_before_needed"] == 1 and summary.loc[0, "total_stall_ms"] == 0.25
     assert summary.loc[1, "max_late_ms"] == 1.0
 
 
-@pytest.mark.parametrize("module", ["parallel.bench_fsdp", "parallel.bench_zero"])
+@pytest.mark.parametrize("module", ["parallel_bench.fsdp", "parallel_bench.zero"])
 def test_help_imports_no_torch(module):
     code = (f"import sys, runpy\nsys.argv = ['x', '--help']\n"
             f"try:\n    runpy.run_module('{module}', run_name='__main__')\nexcept SystemExit:\n    pass\n"
@@ -51,5 +51,5 @@ def test_help_imports_no_torch(module):
 
 def test_bad_arguments_are_refused_before_any_work(capsys):
     with pytest.raises(SystemExit):
-        bench_zero.main(["--steps", "0"])
+        zero.main(["--steps", "0"])
     assert "--steps" in capsys.readouterr().err

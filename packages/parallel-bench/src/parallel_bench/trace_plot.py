@@ -1,7 +1,7 @@
 """Figures of the data-parallel benchmarks: compute and communication on the GPU over time, read from
 ``torch.profiler`` Chrome traces, and step time against bucket size.
 
-    python -m parallel.trace_plot --out docs/figures/ddp-overlap-fp32.png \\
+    python -m parallel_bench.trace_plot --out docs/figures/ddp-overlap-fp32.png \\
         naive=docs/ddp-trace-naive-fp32.json.gz ddp=docs/ddp-trace-ddp-fp32.json.gz
 
 A trace holds complete events (``"ph": "X"``, times in µs). Each GPU event is classed by what it is, not by
@@ -301,7 +301,7 @@ def plot_bucket_sweep(sweep: pd.DataFrame, runs: pd.DataFrame, path: str | Path)
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     from harness import cli
 
-    parser = cli.command_parser("python -m parallel.trace_plot", __doc__)
+    parser = cli.command_parser("python -m parallel_bench.trace_plot", __doc__)
     parser.add_argument("traces", nargs="+", metavar="LABEL=TRACE", help="panel label and Chrome trace file")
     parser.add_argument("--out", type=Path, required=True, help="PNG file to write")
     parser.add_argument("--title", default="", help="figure title")

@@ -1,12 +1,12 @@
 """Training-step time of the DDP family against torch's DistributedDataParallel, in one run.
 
-    python -m parallel.bench_ddp --preset xl --precisions fp32 bf16 --out docs
+    python -m parallel_bench.ddp --preset xl --precisions fp32 bf16 --out docs
 
 Variants: ``local`` (no wrapper, no communication: the floor), ``naive``, ``flat``, ``ddp``, ``bucketed``
 (``--bucket-mb``), ``torch`` (DistributedDataParallel with its defaults and the same bucket cap) and
 ``torch-view`` (the same with ``gradient_as_bucket_view=True``); each trains ``--batch-size`` sequences of
 the preset's context per GPU for ``--warmup`` untimed and ``--steps`` timed steps
-(``parallel.bench_ddp_steps``). Reported: ``step_ms`` (forward, loss, backward, gradient synchronization,
+(``parallel_bench.ddp_steps``). Reported: ``step_ms`` (forward, loss, backward, gradient synchronization,
 optimizer), ``sync_wait_ms`` (end of backward to end of ``finish_gradient_synchronization`` on the compute
 stream: the communication backward did not hide), ``optimizer_ms``, each the median over timed steps of
 the slower rank; ``comm_overhead_ms`` = step - local step (also for torch, whose waiting happens inside
@@ -69,7 +69,7 @@ class DDPConfig:
     def plan(self) -> list[tuple[str, str, float, bool]]:
         """(variant, precision, bucket MiB, traced) for every measured run, in order: the main runs, then
         the sweep cells the main runs do not already hold."""
-        from parallel.bench_ddp_steps import TRACED
+        from parallel_bench.ddp_steps import TRACED
 
         plan = [
             (v, p, self.bucket_mb, v in TRACED and p in self.trace_precisions)
@@ -89,9 +89,9 @@ def measure(config: DDPConfig):
     """Every run of ``config.plan()`` in one group of workers (falling back to ``large`` if ``xl`` runs out
     of memory); the table, with the environment and a note on any fallback."""
     from harness.environment import environment
-
-    from parallel.bench_ddp_steps import table, worker
     from parallel.launch import WorkerError, spawn
+
+    from parallel_bench.ddp_steps import table, worker
 
     plan = config.plan()
     print(
@@ -122,8 +122,8 @@ def report(df, config: DDPConfig) -> None:
     import pandas as pd
     from harness.results import to_markdown, write_table
 
-    from parallel.bench_ddp_steps import TRACED
-    from parallel.trace_plot import plot_bucket_sweep, plot_timelines
+    from parallel_bench.ddp_steps import TRACED
+    from parallel_bench.trace_plot import plot_bucket_sweep, plot_timelines
 
     out = Path(config.out)
     main_runs = df.iloc[: len(config.precisions) * len(config.variants)]
@@ -152,7 +152,7 @@ def report(df, config: DDPConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> DDPConfig:
-    p = cli.command_parser("python -m parallel.bench_ddp", __doc__)
+    p = cli.command_parser("python -m parallel_bench.ddp", __doc__)
     p.add_argument("--preset", default="xl", help="cs336_basics preset (xl falls back to large on OOM)")
     p.add_argument("--batch-size", type=cli.positive_int, default=4, help="sequences per GPU")
     cli.add_list(
