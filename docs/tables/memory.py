@@ -9,11 +9,13 @@ DATA = "docs/data/"
 
 # ------------------------------------------------------------------------------------------------- memory
 
+PEAKS = "docs/runs/2026-11-29-profiling-experiments/raw/profiling-memory-xl-peaks.csv"
+
 
 @block("profiling.memory-peaks")
 def memory_peaks() -> str:
     rows = []
-    for _, r in read_csv(DATA + "profiling-memory-xl-peaks.csv").iterrows():
+    for _, r in read_csv(PEAKS).iterrows():
         status = "ok" if r["status"] == "ok" else "OOM"
         rows.append(
             [
@@ -32,7 +34,7 @@ def memory_peaks() -> str:
 
 @block("profiling.memory-peak-gap")
 def memory_peak_gap() -> str:
-    p = read_csv(DATA + "profiling-memory-xl-peaks.csv")
+    p = read_csv(PEAKS)
     ok = p[p["status"] == "ok"]
     gap = ok["peak_gib"] - ok["timeline_peak_gib"]
     train = gap[ok["mode"] == "train"]

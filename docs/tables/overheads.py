@@ -7,7 +7,7 @@ import pandas as pd
 from . import block
 from .fmt import num, read_csv, table
 
-OVERHEADS = "docs/data/profiling-overheads-2026-11-29e.csv"
+OVERHEADS = "docs/runs/2026-11-29-profiling-overheads/raw/profiling-overheads-2026-11-29e.csv"
 NVTX = "NVTX + record_function ranges on vs off"
 TIMING = "synchronize + timer per step vs back-to-back"
 

@@ -7,10 +7,10 @@ import pandas as pd
 from . import block
 from .fmt import num, pct, read_csv, table
 
-DATA = "docs/data/"
-RUN_A = DATA + "profiling-bench-eager.csv"
-RUN_E = [DATA + f"profiling-bench-{n}-2026-12-01.csv" for n in ("xl", "10B-bf16", "10B-fp32-forward")]
-RUN_F = [DATA + "profiling-bench-10B-fp32-fwdbwd-2026-12-01.csv"]
+RUN_A = "docs/runs/2026-11-29-profiling-experiments/raw/profiling-bench-eager.csv"
+LARGE = "docs/runs/2026-12-01-profiling-large-models/raw/"
+RUN_E = [LARGE + f"profiling-bench-{n}-2026-12-01.csv" for n in ("xl", "10B-bf16", "10B-fp32-forward")]
+RUN_F = [LARGE + "profiling-bench-10B-fp32-fwdbwd-2026-12-01.csv"]
 
 
 def later_cells() -> pd.DataFrame:

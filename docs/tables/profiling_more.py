@@ -7,14 +7,16 @@ import pandas as pd
 from . import block
 from .fmt import num, read_csv, table
 
-DATA = "docs/data/"
+RUN_A = "docs/runs/2026-11-29-profiling-experiments/raw/"
+COMPILE = "docs/runs/2026-11-29-profiling-kernels-compile/raw/"
+LARGE = "docs/runs/2026-12-01-profiling-large-models/raw/"
 
 
 @block("profiling.warmup")
 def warmup() -> str:
     rows = [
         [r["dtype"], r["warmup"], num(r["mean_ms"]), num(r["std_ms"]), num(r["max_ms"])]
-        for _, r in read_csv(DATA + "profiling-warmup.csv").iterrows()
+        for _, r in read_csv(RUN_A + "profiling-warmup.csv").iterrows()
     ]
     return table(["dtype", "warm-up", "mean ms", "std ms", "max ms"], rows, [False, True, True, True, True])
 
@@ -23,14 +25,14 @@ def warmup() -> str:
 def accumulation() -> str:
     rows = [
         [r["case"], f"{r['result']:.6f}", f"{r['abs_error']:.1e}"]
-        for _, r in read_csv(DATA + "profiling-precision-accumulation.csv").iterrows()
+        for _, r in read_csv(RUN_A + "profiling-precision-accumulation.csv").iterrows()
     ]
     return table(["case", "result", "error"], rows, [False, True, True])
 
 
 @block("profiling.autocast")
 def autocast() -> str:
-    d = read_csv(DATA + "profiling-precision-autocast.csv")
+    d = read_csv(RUN_A + "profiling-precision-autocast.csv")
     d["dtype"] = d["dtype"].str.removeprefix("torch.")
     wide = d.pivot(index="tensor", columns="autocast", values="dtype").reindex(d["tensor"].unique())
     rows = [[tensor, r["fp16"], r["bf16"]] for tensor, r in wide.iterrows()]
@@ -39,7 +41,7 @@ def autocast() -> str:
 
 @block("profiling.saved-top5")
 def saved_top5() -> str:
-    d = read_csv(DATA + "profiling-saved-xl-block.csv")
+    d = read_csv(RUN_A + "profiling-saved-xl-block.csv")
     d = d[(d["dtype"] == "fp32") & (d["op"] != "(parameters)")]
     top = d.groupby(["op", "module"], as_index=False)[["MiB", "share_pct"]].sum()
     top = top.sort_values("MiB", ascending=False).head(5)
@@ -51,7 +53,7 @@ def saved_top5() -> str:
 
 @block("profiling.saved-summary")
 def saved_summary() -> str:
-    s = read_csv(DATA + "profiling-saved-xl-summary.csv").set_index("dtype")
+    s = read_csv(RUN_A + "profiling-saved-xl-summary.csv").set_index("dtype")
     fp32, bf16 = s.loc["fp32"], s.loc["bf16"]
     return (
         f"{num(fp32['saved_hooks_MiB'])} MiB in fp32 (hooks), {num(fp32['saved_graph_MiB'])} MiB "
@@ -64,7 +66,7 @@ def saved_summary() -> str:
 @block("profiling.checkpoint")
 def checkpoint() -> str:
     rows = []
-    for _, r in read_csv(DATA + "profiling-checkpoint-xl.csv").iterrows():
+    for _, r in read_csv(RUN_A + "profiling-checkpoint-xl.csv").iterrows():
         strategy = r["checkpoint"].replace("group:", "group of ")
         ok = r["status"] == "ok"
         peak = num(r["peak_gib"], 2) if ok else f"OOM ({num(r['peak_gib'])} at the failure)"
@@ -75,9 +77,9 @@ def checkpoint() -> str:
     return table(cols, rows, [False, False, True, True, True])
 
 
-COMPILED_B = DATA + "profiling-bench-compiled-2026-11-29b.csv"
-COMPILED_C = DATA + "profiling-bench-compiled-2026-11-29c.csv"
-MEDIUM_FP32_C = DATA + "profiling-medium-fp32-compile-2026-11-29c.csv"
+COMPILED_B = COMPILE + "profiling-bench-compiled-2026-11-29b.csv"
+COMPILED_C = COMPILE + "profiling-bench-compiled-2026-11-29c.csv"
+MEDIUM_FP32_C = COMPILE + "profiling-medium-fp32-compile-2026-11-29c.csv"
 
 
 def _ms(r) -> str:
@@ -94,7 +96,7 @@ def _ratio(eager, r) -> str:
 def compile_table() -> str:
     """Eager (run A; the medium fp32 full step: run C's own eager cell) against compiled (runs B and C)."""
     key = ["size", "mode", "dtype"]
-    eager = read_csv(DATA + "profiling-bench-eager.csv").set_index(key)
+    eager = read_csv(RUN_A + "profiling-bench-eager.csv").set_index(key)
     b = read_csv(COMPILED_B).set_index(key)
     c = read_csv(COMPILED_C).set_index(key)
     medium = read_csv(MEDIUM_FP32_C).set_index("compile")
@@ -135,9 +137,9 @@ def compile_table() -> str:
     return table(cols, rows, [False, False, False, True, True, True, True, True, True, True])
 
 
-COMPILED_F = [DATA + f"profiling-bench-compiled-{n}-2026-12-01.csv" for n in ("large-xl", "10B")]
+COMPILED_F = [LARGE + f"profiling-bench-compiled-{n}-2026-12-01.csv" for n in ("large-xl", "10B")]
 COMPILED_G = [
-    DATA + f"profiling-bench-compiled-{n}-2026-12-01g.csv" for n in ("xl-bf16-train", "10B-fp32-forward")
+    LARGE + f"profiling-bench-compiled-{n}-2026-12-01g.csv" for n in ("xl-bf16-train", "10B-fp32-forward")
 ]
 
 
