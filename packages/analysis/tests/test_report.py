@@ -146,5 +146,5 @@ def test_checkpointing_counts_quoted_in_the_report():
     assert sp.simplify(backward - n * (n + 1) / 2) == 0
     assert sp.simplify(backward + n - n * (n + 3) / 2) == 0
     assert sp.simplify(2 * n + (n - 1) * (n - 2) / 2 - (n * (n + 1) / 2 + 1)) == 0
-    text = checkpointing_section()
+    text = checkpointing_section(report.reported_models()["xl"])
     assert "N(N+3)/2 block executions" in text and "2N + (N-1)(N-2)/2 = N(N+1)/2 + 1 executions" in text

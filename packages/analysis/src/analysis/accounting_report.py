@@ -1,8 +1,14 @@
-"""Report sections: FLOP and memory accounting, activation checkpointing (used by :mod:`analysis.report`)."""
+"""Report sections: FLOP and memory accounting, activation checkpointing (used by :mod:`analysis.report`).
+
+The model configurations come from the caller: ``models`` maps a preset name to a config with the fields
+:mod:`analysis.accounting` reads plus ``batch_size`` (``cs336_basics.presets.ModelConfig``).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import sympy as sp
 
@@ -19,12 +25,13 @@ from .accounting import (
     train_step_flops,
 )
 from .markdown import generated, latex, md_table
-from .model_sizes import MODEL_SHAPES
 
 GIB, MIB = 2**30, 2**20
 
 
-def accounting_section() -> str:
+def accounting_section(models: Mapping[str, Any]) -> str:
+    """The accounting table, one row per model of ``models`` (which must hold ``xl`` and
+    ``leaderboard-8b``), xl's residual stream, the MFU block and the sharded-state table."""
     lines = [
         "## Accounting of the model presets",
         "",
@@ -40,8 +47,8 @@ def accounting_section() -> str:
         "",
     ]
     rows = []
-    for name, shape in MODEL_SHAPES.items():
-        batch, seq = shape.batch, shape.context_length
+    for name, shape in models.items():
+        batch, seq = shape.batch_size, shape.context_length
         naive = memory_breakdown(shape, batch, seq, checkpoint=None)
         flash = memory_breakdown(shape, batch, seq, materialized_scores=False)
         rows.append(
@@ -62,7 +69,7 @@ def accounting_section() -> str:
         "activations, naive attn (GiB)", "activations, flash (GiB)", "flash + per-block ckpt (GiB)",
     ]  # fmt: skip
     lines.append(md_table(headers, rows))
-    xl = MODEL_SHAPES["xl"]
+    xl = models["xl"]
     residual = [f"{residual_stream_bytes(xl, 4, s) / MIB:.0f} MiB at context {s}" for s in (128, 512, 2048)]
     lines += [
         "",
@@ -78,15 +85,16 @@ def accounting_section() -> str:
         "",
         generated("analysis.mfu", multiline=True),
     ]
-    lines += ["", sharded_state_table()]
+    lines += ["", sharded_state_table(models)]
     return "\n".join(lines) + "\n"
 
 
-def sharded_state_table() -> str:
-    """Per-GPU bytes of parameters, gradients, AdamW state: replicated, ZeRO-1, FSDP (no activations)."""
+def sharded_state_table(models: Mapping[str, Any]) -> str:
+    """Per-GPU bytes of parameters, gradients, AdamW state of ``models["xl"]`` and
+    ``models["leaderboard-8b"]``: replicated, ZeRO-1, FSDP (no activations)."""
     rows = []
     for name in ("xl", "leaderboard-8b"):
-        shape = MODEL_SHAPES[name]
+        shape = models[name]
         params = parameter_count(shape)
         for world in (1, 2, 4):
             zero1 = 8 * params + sharded_optimizer_state_bytes(shape, world)
@@ -128,7 +136,8 @@ def one_level_optimum() -> tuple[sp.Expr, sp.Expr, sp.Expr]:
     return memory, best, sp.simplify(memory.subs(group, best))
 
 
-def checkpointing_section() -> str:
+def checkpointing_section(xl) -> str:
+    """Chain and recursive checkpointing, the one-level optimum, and the group-size table of ``xl``."""
     memory, best, minimum = one_level_optimum()
     lines = [
         "## Activation checkpointing",
@@ -169,13 +178,13 @@ def checkpointing_section() -> str:
         f"and one block's activations A; $k^* = {latex(best)}$ and $M(k^*) = {latex(minimum)}$, O(sqrt N) "
         "memory for one extra forward (O(N) compute).",
         "",
-        xl_checkpoint_table(),
+        xl_checkpoint_table(xl),
     ]
     return "\n".join(lines) + "\n"
 
 
-def xl_checkpoint_table(batch: int = 4, seq: int = 2048) -> str:
-    xl = MODEL_SHAPES["xl"]
+def xl_checkpoint_table(xl, batch: int = 4, seq: int = 2048) -> str:
+    """Predicted activation peaks of the ``xl`` config by checkpoint group size, naive and flash attention."""
     parts = []
     for scores, label in (
         (True, "naive attention (the reference model)"),

@@ -1,10 +1,14 @@
 """The parallelism sections of the analysis report (``python -m analysis.report``): ring collectives and
 their simulator check, the FFN layer's parallelism costs and bounds, the tensor-parallel backward checked
-against autograd, and how many H200s each strategy can use. Each function returns Markdown."""
+against autograd, and how many H200s each strategy can use. Each function returns Markdown; the model
+configurations come from the caller (``models``: preset name -> config, as in
+:mod:`analysis.accounting_report`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import sympy as sp
@@ -28,7 +32,6 @@ from .ffn_parallel import (
     whole_grid,
 )
 from .markdown import latex, math_cell, md_table
-from .model_sizes import MODEL_SHAPES
 from .ring_sim import simulate
 from .tp_check import max_errors, tp_shard_backward, tp_shard_forward
 
@@ -268,8 +271,11 @@ GRID_LABELS = ("FSDP x TP forward, overlapping", "FSDP x TP forward, shared link
 """The two-axis rows of the H200 table, whose GPU counts are whole grids (``whole_grid``)."""
 
 
-def h200_section(matmul_flops: float, bandwidth: float, source: str, c_note: str) -> str:
-    """``c_note``: the sentences after ``C = ... TFLOP/s`` saying where C comes from."""
+def h200_section(
+    matmul_flops: float, bandwidth: float, source: str, c_note: str, models: Mapping[str, Any]
+) -> str:
+    """The bounds for ``models["leaderboard-8b"]`` and ``models["xl"]`` at their default batch;
+    ``c_note``: the sentences after ``C = ... TFLOP/s`` saying where C comes from."""
     values = {C: matmul_flops, W: bandwidth}
     lines = [
         "## How many H200s make sense",
@@ -288,8 +294,8 @@ def h200_section(matmul_flops: float, bandwidth: float, source: str, c_note: str
     ]
     rows, limits, grids, bounds = [], {}, {}, h200_bounds()
     for name in ("leaderboard-8b", "xl"):
-        shape = MODEL_SHAPES[name]
-        tokens = shape.batch * shape.context_length
+        shape = models[name]
+        tokens = shape.batch_size * shape.context_length
         model = {B: tokens, D: shape.d_model, F: shape.d_ff, **values}
         for label, bound in bounds.items():
             limits[name, label] = value = float(bound.subs(model))
@@ -303,7 +309,7 @@ def h200_section(matmul_flops: float, bandwidth: float, source: str, c_note: str
                 gpus = f"{n_fsdp * n_tp} ({n_fsdp} x {n_tp}{note})"
             rows.append([name, f"{tokens:,}", shape.d_model, shape.d_ff, label, f"{value:.2f}", gpus])
     lines.append(md_table(["model", "B (tokens)", "D", "D_FF", "strategy", "largest N", "GPUs"], rows))
-    lines += ["", h200_prose(matmul_flops / bandwidth, limits, grids), ""]
+    lines += ["", h200_prose(matmul_flops / bandwidth, limits, grids, models["leaderboard-8b"]), ""]
     return "\n".join(lines)
 
 
@@ -327,10 +333,13 @@ _FRACTIONS = {2: "a half", 3: "a third", 4: "a quarter", 5: "a fifth"}
 
 
 def h200_prose(
-    flops_per_byte: float, limits: dict[tuple[str, str], float], grids: dict[tuple[str, str], tuple[int, int]]
+    flops_per_byte: float,
+    limits: dict[tuple[str, str], float],
+    grids: dict[tuple[str, str], tuple[int, int]],
+    big_model,
 ) -> str:
     big, xl = "leaderboard-8b", "xl"
-    big_tokens = MODEL_SHAPES[big].batch * MODEL_SHAPES[big].context_length
+    big_tokens = big_model.batch_size * big_model.context_length
     dp_big, dp_xl = limits[big, "DP (backward)"], limits[xl, "DP (backward)"]
     tp_fwd, tp_bwd = limits[big, "TP forward"], limits[big, "TP backward"]
     machine = 4
@@ -350,7 +359,7 @@ def h200_prose(
         f"their communication (B / (N - 1) >= C / W). With the leaderboard step "
         f"({big_tokens:,} tokens) that allows {_gpus(dp_big)}; "
         f"with xl's default batch (4 x 512 tokens) it allows {dp_xl:.2f}, {xl_note}. TP does not depend on "
-        f"the batch: with D_FF = {MODEL_SHAPES[big].d_ff:,} the forward allows {_gpus(tp_fwd)} and the "
+        f"the batch: with D_FF = {big_model.d_ff:,} the forward allows {_gpus(tp_fwd)} and the "
         f"backward {tp_bwd:.1f}, so TP belongs inside one NVLink domain (W across nodes is several times "
         f"smaller). The 2-D grid multiplies the two whole degrees when the axes use separate links "
         f"({separate[0]} x {separate[1]} = {separate[0] * separate[1]} GPUs for the 8B step) and reaches "

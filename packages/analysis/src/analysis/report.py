@@ -8,14 +8,16 @@ repository's ``docs/collectives.csv`` (or ``--bandwidth-gbps``). Writes ``result
 ``--out`` says otherwise. The tracked report is ``--out docs/analysis.md`` followed by ``python -m
 docs.tables``, which fills the blocks that come from measurement files (``<!-- gen:NAME -->``). Runs on a
 CPU in under a minute; it measures nothing on a GPU itself. Sections: ``analysis.parallelism_report`` and
-``analysis.accounting_report``.
+``analysis.accounting_report``; the model configurations are the presets of ``cs336_basics.presets``.
 """
 
 from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from harness import cli
 
@@ -107,11 +109,19 @@ def c_note(matmul_flops: float, from_constant: bool, lowest: float | None) -> st
 
 
 def build_report(
-    matmul_flops: float, bandwidth: float, source: str, max_n: int, command: str, c_text: str, inputs: str
+    matmul_flops: float,
+    bandwidth: float,
+    source: str,
+    max_n: int,
+    command: str,
+    c_text: str,
+    inputs: str,
+    models: Mapping[str, Any],
 ) -> str:
     """The whole document: a header naming the command, versions and date, then every section.
 
-    ``c_text``: where C comes from (:func:`c_note`); ``inputs``: the header's words on C's and W's origin.
+    ``c_text``: where C comes from (:func:`c_note`); ``inputs``: the header's words on C's and W's origin;
+    ``models``: preset name -> model config, one accounting row each (:func:`reported_models`).
     """
     import numpy as np
     import sympy as sp
@@ -134,11 +144,19 @@ def build_report(
         collectives_section(max_n),
         strategy_section(),
         tp_check_section(),
-        h200_section(matmul_flops, bandwidth, source, c_text),
-        accounting_section(),
-        checkpointing_section(),
+        h200_section(matmul_flops, bandwidth, source, c_text, models),
+        accounting_section(models),
+        checkpointing_section(models["xl"]),
     ]
     return "\n".join(header) + "\n" + "\n\n".join(sections) + "\n"
+
+
+def reported_models() -> dict[str, Any]:
+    """The presets the report covers: the standard sizes and ``leaderboard-8b``, from
+    ``cs336_basics.presets`` (the one place they are defined)."""
+    from cs336_basics.presets import PRESETS, STANDARD_SIZES
+
+    return {name: PRESETS[name] for name in (*STANDARD_SIZES, "leaderboard-8b")}
 
 
 def parse_args(argv: list[str] | None = None):
@@ -211,7 +229,9 @@ def main(argv: list[str] | None = None) -> Path:
     print(
         f"deriving and checking (C = {matmul_flops / 1e12:.0f} TFLOP/s, W = {bandwidth / 1e9:.0f} GB/s) ..."
     )
-    text = build_report(matmul_flops, bandwidth, source, args.max_ring, command.strip(), c_text, inputs)
+    text = build_report(
+        matmul_flops, bandwidth, source, args.max_ring, command.strip(), c_text, inputs, reported_models()
+    )
     atomic_write_text(args.out, text)
     print(f"wrote {args.out}")
     return args.out

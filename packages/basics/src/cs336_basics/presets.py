@@ -49,6 +49,9 @@ def _size(d_model: int, d_ff: int, num_layers: int, num_heads: int) -> ModelConf
     return ModelConfig(10_000, 512, d_model, num_layers, num_heads, d_ff)
 
 
+STANDARD_SIZES = ("small", "medium", "large", "xl", "10B")
+"""The presets of the standard size table, smallest first."""
+
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=503, context_length=128, d_model=64, num_layers=2, num_heads=4, d_ff=176),
     "small": _size(768, 3072, 12, 12),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from harness import cli
 
-from .options import ATTENTIONS, MODES, SIZES, STRATEGY_NAMES, parse_strategy
+from .options import ATTENTIONS, MODES, STRATEGY_NAMES, parse_strategy
 
 OVERRIDES = ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "batch_size")
 COMPILES = {"off": (False,), "on": (True,), "both": (False, True)}
@@ -105,9 +105,7 @@ def checkpoint_strategy(text: str) -> str:
 
 def parse_args(argv: list[str] | None = None) -> BenchConfig:
     p = cli.command_parser("python -m profiling.bench", __doc__)
-    cli.add_list(
-        p, "--sizes", str, ["small"], "model presets (cs336_basics.presets), e.g. " + " ".join(SIZES)
-    )
+    cli.add_list(p, "--sizes", str, ["small"], "names of cs336_basics.presets, e.g. small xl 10B")
     cli.add_list(
         p, "--contexts", cli.positive_int, None, "context lengths (tokens per sequence); default the preset's"
     )

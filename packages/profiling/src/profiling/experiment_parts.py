@@ -13,13 +13,14 @@ from pathlib import Path
 import pandas as pd
 from analysis.accounting import best_checkpoint_group_size, checkpointed_activation_bytes
 from cs336_basics import ModelConfig
+from cs336_basics.presets import STANDARD_SIZES
 from harness.results import atomic_path, write_table
 from harness.timing import sync_overhead
 
 from .kernel_attribution import profile_config, short_names
 from .memory_timeline import profile_memory
 from .mixed_precision import accumulation_table, autocast_dtypes
-from .options import MODES, SIZES
+from .options import MODES
 from .ranges import range_overhead
 from .runner import run_config, sweep
 from .saved_tensors import block_report
@@ -131,7 +132,7 @@ def overheads(run: Run, rounds: int) -> None:
 def main_table(run: Run, big_steps: tuple[int, int], huge_steps: tuple[int, int], max_seconds: float) -> None:
     """Every size x mode x (fp32, bf16) at context 512, eager; fewer steps for xl and 10B."""
     steps = {"xl": big_steps, "10B": huge_steps}
-    configs = [(name, run.cfg(name)) for name in SIZES]
+    configs = [(name, run.cfg(name)) for name in STANDARD_SIZES]
     sweep(
         configs,
         MODES,

@@ -1,6 +1,8 @@
-"""The names the profiling commands accept, in a module that imports nothing heavy (``--help`` stays fast)."""
+"""The names the profiling commands accept, in a module that imports nothing heavy (``--help`` stays fast).
 
-SIZES = ("small", "medium", "large", "xl", "10B")
+Model sizes are the presets of ``cs336_basics.presets``, checked when the model is built.
+"""
+
 MODES = ("forward", "forward-backward", "train")
 ATTENTIONS = ("naive", "flash")
 STRATEGY_NAMES = ("none", "block", "group:K", "sqrt", "bisect", "optimal")
