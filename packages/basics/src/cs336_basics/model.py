@@ -95,6 +95,12 @@ class RMSNorm(nn.Module):
         rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return (x32 * rms * self.weight.float()).to(in_dtype)
 
+    def add_and_norm(self, x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+        """``(self(x + delta), x + delta)``: a residual add and the pre-norm after it (a subclass may fuse
+        the two)."""
+        residual = x + delta
+        return self(residual), residual
+
 
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding on ``(..., seq, d_k)`` tensors, rotating pairs (x[2i], x[2i+1]).
@@ -170,13 +176,18 @@ class CausalMultiHeadSelfAttention(nn.Module):
     def _split_heads(self, x: Tensor) -> Tensor:
         return x.unflatten(-1, (self.num_heads, self.d_head)).transpose(-3, -2)
 
+    def rotate(self, q: Tensor, k: Tensor, token_positions: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE of ``q`` and ``k`` (``(..., heads, seq, d_head)``) at ``token_positions`` (a subclass may
+        rotate both at once)."""
+        return self.rope(q, token_positions), self.rope(k, token_positions)
+
     def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
         seq = x.shape[-2]
         q, k, v = (self._split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         if self.rope is not None:
             if token_positions is None:
                 token_positions = torch.arange(seq, device=x.device)
-            q, k = self.rope(q, token_positions), self.rope(k, token_positions)
+            q, k = self.rotate(q, k, token_positions)
         out = self.attention_fn(q, k, v, True)
         return self.output_proj(out.transpose(-3, -2).flatten(-2))
 
@@ -201,8 +212,8 @@ class TransformerBlock(nn.Module):
         self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln1(x), token_positions)
-        return x + self.ffn(self.ln2(x))
+        normed, x = self.ln2.add_and_norm(x, self.attn(self.ln1(x), token_positions))
+        return x + self.ffn(normed)
 
 
 class BasicsTransformerLM(nn.Module):
