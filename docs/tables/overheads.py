@@ -1,4 +1,9 @@
-"""Generated block of docs/profiling.md section 4: cost of the ranges and of the per-step timing (run D)."""
+"""Cost of the NVTX ranges and of the per-step timing (run D, six repeats): docs/profiling.md section 4.
+
+The document holds the pooled result (generated block ``profiling.overheads``);
+``python -m docs.tables.overheads`` prints the table of every repeat, which the run's README
+(docs/runs/2026-11-29-profiling-overheads/) shows.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +30,8 @@ def _cost(r: pd.Series) -> str:
     return text
 
 
-@block("profiling.overheads")
-def overheads() -> str:
+def per_repeat() -> str:
+    """One row per repeat and dtype, then the pooled row."""
     d = read_csv(OVERHEADS)
     rows = []
     for dtype in ("fp32", "bf16"):
@@ -61,3 +66,44 @@ def overheads() -> str:
         "bound on timing cost",
     ]
     return table(cols, rows, [False, False, True, False, True, False, True, True])
+
+
+def _span(values: pd.Series, unit: str) -> str:
+    lo, hi = values.min(), values.max()
+    digits = 1 if unit == "%" and lo >= 1 else 2
+    return f"{num(lo, digits)}-{num(hi, digits)}{unit}"
+
+
+@block("profiling.overheads")
+def overheads_pooled() -> str:
+    """Per dtype: the repeats' pooled costs, the GPU's wait after the last launch, and the bound it gives."""
+    d = read_csv(OVERHEADS)
+    rows = []
+    for dtype in ("fp32", "bf16"):
+        nvtx = d[(d["dtype"] == dtype) & (d["what"] == NVTX)]
+        timing = d[(d["dtype"] == dtype) & (d["what"] == TIMING)]
+        (pn, sn), (pt, st) = pooled(nvtx), pooled(timing)
+        waited = timing.dropna(subset=["sync_wait_ms"])
+        rows.append(
+            [
+                dtype,
+                f"{len(nvtx)} ({nvtx['run'].iloc[0]}-{nvtx['run'].iloc[-1]})",
+                f"{pn:+.2f}% ± {sn:.2f}%",
+                f"{pt:+.2f}% ± {st:.2f}%",
+                f"{_span(waited['sync_wait_ms'], ' ms')} ({waited['run'].iloc[0]}-{waited['run'].iloc[-1]})",
+                _span(waited["bound_pct"], "%"),
+            ]
+        )
+    cols = [
+        "dtype",
+        "repeats",
+        "NVTX ranges: cost ± s.e.",
+        "sync + timer: cost ± s.e.",
+        "GPU still busy after the last launch",
+        "bound on sync + timer",
+    ]
+    return table(cols, rows, [False, False, True, True, True, True])
+
+
+if __name__ == "__main__":
+    print(per_repeat())

@@ -1,4 +1,8 @@
-"""Generated blocks of docs/profiling.md from the end-to-end benchmark (runs A, E and F)."""
+"""Generated blocks of docs/profiling.md from the end-to-end benchmark (runs A, E and F).
+
+``python -m docs.tables.profiling`` prints the table of runs E's and F's 5 + 10 cells against run A's shorter
+runs of the same cells, which docs/runs/2026-12-01-profiling-large-models/README.md shows.
+"""
 
 from __future__ import annotations
 
@@ -143,7 +147,6 @@ def spread_bf16_big() -> str:
     )
 
 
-@block("profiling.run-a-vs-e")
 def run_a_vs_e() -> str:
     """Runs E's and F's 5 + 10 cells against run A's shorter runs of the same cell."""
     a = read_csv(RUN_A).set_index(["size", "mode", "dtype"])
@@ -212,3 +215,7 @@ def tenb_fb_peaks() -> str:
     cells = bench_cells()
     fp32, bf16 = (cells.loc[("10B", "forward-backward", d)]["peak_gib"] for d in ("fp32", "bf16"))
     return f"{num(fp32)} GiB fp32, {num(bf16)} GiB bf16"
+
+
+if __name__ == "__main__":
+    print(run_a_vs_e())
