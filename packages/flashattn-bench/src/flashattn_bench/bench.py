@@ -26,6 +26,8 @@ Usage: ``python -m flashattn_bench.bench --out results/`` (``--quick``: a small 
 import argparse
 from pathlib import Path
 
+from harness import cli
+
 IMPLEMENTATION_NAMES = (
     "ours", "portable", "gluon", "gluon_bwd", "fa4", "fa4_det", "naive", "sdpa_flash", "sdpa_cudnn",
 )  # fmt: skip
@@ -34,28 +36,33 @@ DEFAULT_IMPLEMENTATIONS = [n for n in IMPLEMENTATION_NAMES if n != "gluon_bwd"]
 TABLES = ("multihead", "sweep", "features")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("flashattn-bench"), help="folder for tables and plot")
-    p.add_argument("--seqs", type=int, nargs="+", default=[2**i for i in range(7, 17)], help="sweep lengths")
-    p.add_argument("--multihead-seqs", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536],
-                   help="lengths S of the multihead table's (1, 32, S, 128) rows")  # fmt: skip
-    p.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128], help="sweep head dims")
-    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"],
-                   help="sweep dtypes")  # fmt: skip
-    p.add_argument("--impls", nargs="+", default=DEFAULT_IMPLEMENTATIONS, choices=IMPLEMENTATION_NAMES,
-                   help="implementations to time (ours is needed for the ratio columns; fa4 and fa4_det only "
-                        "where flash_attn.cute imports)")  # fmt: skip
-    p.add_argument("--warmup-ms", type=float, default=5.0, help="do_bench warm-up time per measurement (ms)")
-    p.add_argument("--rep-ms", type=float, default=20.0, help="do_bench repetition time per measurement (ms)")
-    p.add_argument("--only", nargs="+", choices=TABLES, default=list(TABLES), help="tables to measure")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = cli.command_parser("python -m flashattn_bench.bench", __doc__)
+    cli.add_out(p, "flashattn-bench", "folder for tables and plot")
+    cli.add_list(p, "--seqs", cli.positive_int, [2**i for i in range(7, 17)], "sweep lengths")
+    cli.add_list(p, "--multihead-seqs", cli.positive_int, [4096, 8192, 16384, 32768, 65536],
+                 "lengths S of the multihead table's (1, 32, S, 128) rows")  # fmt: skip
+    cli.add_list(p, "--head-dims", cli.positive_int, [16, 32, 64, 128], "sweep head dims")
+    cli.add_dtypes(p, ["bf16", "fp32"], help="sweep dtypes")
+    cli.add_list(p, "--impls", str, DEFAULT_IMPLEMENTATIONS,
+                 "implementations to time (ours is needed for the ratio columns; fa4 and fa4_det only where "
+                 "flash_attn.cute imports)", choices=IMPLEMENTATION_NAMES)  # fmt: skip
+    p.add_argument("--warmup-ms", type=cli.positive_float, default=5.0,
+                   help="do_bench warm-up time per measurement (ms)")  # fmt: skip
+    p.add_argument("--rep-ms", type=cli.positive_float, default=20.0,
+                   help="do_bench repetition time per measurement (ms)")  # fmt: skip
+    cli.add_list(p, "--only", str, TABLES, "tables to measure", choices=TABLES)
     p.add_argument("--quick", action="store_true", help="sweep only seq <= 4096, d in {64, 128}")
-    p.add_argument("--jobs", type=int, default=12, help="parallel processes compiling our kernels first")
-    return p
+    p.add_argument(
+        "--jobs", type=cli.positive_int, default=12, help="parallel processes compiling our kernels first"
+    )
+    args = p.parse_args(argv)
+    args.out = Path(args.out)
+    return args
 
 
-def main() -> None:
-    args = parser().parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.quick:
         args.seqs = [s for s in args.seqs if s <= 4096]
         args.head_dims = [d for d in args.head_dims if d >= 64]

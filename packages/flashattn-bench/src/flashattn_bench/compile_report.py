@@ -15,12 +15,13 @@ Prints a line per compile; ``--out`` also writes the rows as CSV and Markdown.
 Usage: ``python -m flashattn_bench.compile_report --kernels forward dq dkdv --head-dims 64 128``
 """
 
-import argparse
 import re
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from harness import cli
 
 VARIANTS = {  # name -> changes to the table's ForwardTile
     "default": {},
@@ -115,16 +116,16 @@ def compile_sm90(
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg")}  # fmt: skip
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernels", nargs="+", default=["forward"], choices=KERNELS, help="kernels to compile")
-    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=[64, 128], help="head dims")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
-                   help="forward variants (backward kernels: the tile table's entry)")  # fmt: skip
+def main(argv: list[str] | None = None) -> None:
+    p = cli.command_parser("python -m flashattn_bench.compile_report", __doc__)
+    cli.add_list(p, "--kernels", str, ["forward"], "kernels to compile", choices=KERNELS)
+    cli.add_list(p, "--head-dims", int, [64, 128], "head dims", choices=[64, 128])
+    cli.add_list(p, "--variants", str, VARIANTS, "forward variants (backward kernels: the tile table's "
+                 "entry)", choices=list(VARIANTS))  # fmt: skip
     p.add_argument("--causal", choices=["yes", "no", "both"], default="both", help="causal kernels or not")
     p.add_argument("--window", action="store_true", help="the sliding-window versions of the kernels")
-    p.add_argument("--out", type=Path, default=None, help="also write <out>.csv and <out>.md")
-    args = p.parse_args()
+    cli.add_out(p, None, "also write <out>.csv and <out>.md")
+    args = p.parse_args(argv)
     causal = {"yes": [True], "no": [False], "both": [True, False]}[args.causal]
     rows = []
     for kernel in args.kernels:
@@ -139,7 +140,7 @@ def main() -> None:
         import pandas as pd
         from harness.results import write_table
 
-        write_table(pd.DataFrame(rows).astype({"changes": str}), args.out, ".3g")
+        write_table(pd.DataFrame(rows).astype({"changes": str}), Path(args.out), ".3g")
 
 
 if __name__ == "__main__":

@@ -17,30 +17,26 @@ import argparse
 import functools
 from pathlib import Path
 
+from harness import cli
+
 IMPLEMENTATION_NAMES = ("ours", "portable", "gluon_bwd", "sdpa_cudnn", "sdpa_flash", "fa4")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m flashattn_bench.host_time",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--shape", type=int, nargs=4, default=[1, 4, 128, 64], metavar=("B", "H", "S", "D"),
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = cli.command_parser("python -m flashattn_bench.host_time", __doc__)
+    p.add_argument("--shape", type=cli.positive_int, nargs=4, default=[1, 4, 128, 64],
+                   metavar=("B", "H", "S", "D"),
                    help="q, k, v shape (batch, heads, seq, head dim)")  # fmt: skip
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="input dtype")
+    p.add_argument("--dtype", choices=cli.DTYPE_NAMES, default="bf16", help="input dtype")
     p.add_argument("--causal", action="store_true", help="causal attention")
-    p.add_argument("--calls", type=int, default=1000, help="timed calls per implementation")
-    p.add_argument("--warmup", type=int, default=100, help="untimed calls first (compiles the kernels)")
-    p.add_argument("--impls", nargs="+", default=["ours"], choices=IMPLEMENTATION_NAMES,
-                   help="implementations to time (ours: the public flash_attention)")  # fmt: skip
+    p.add_argument("--calls", type=cli.positive_int, default=1000, help="timed calls per implementation")
+    p.add_argument("--warmup", type=cli.non_negative_int, default=100,
+                   help="untimed calls first (compiles the kernels)")  # fmt: skip
+    cli.add_list(p, "--impls", str, ["ours"], "implementations to time (ours: the public flash_attention)",
+                 choices=IMPLEMENTATION_NAMES)  # fmt: skip
     p.add_argument("--grad", action="store_true", help="inputs require gradients (forward records autograd)")
-    p.add_argument("--out", type=Path, default=None, help="also write <out>.csv and <out>.md")
-    args = p.parse_args(argv)
-    for flag in ("calls", "warmup"):
-        if getattr(args, flag) < (1 if flag == "calls" else 0):
-            p.error(f"--{flag} must be >= {1 if flag == 'calls' else 0}, got {getattr(args, flag)}")
-    return args
+    cli.add_out(p, None, "also write <out>.csv and <out>.md")
+    return p.parse_args(argv)
 
 
 def host_times_us(call, calls: int, warmup: int) -> list[float]:
@@ -70,7 +66,7 @@ def summary(times_us: list[float]) -> dict[str, float]:
     return {"median us": statistics.median(times_us), "p10 us": deciles[0], "p90 us": deciles[-1]}
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from flashattn_bench.util import require_cuda
 
@@ -104,7 +100,7 @@ def main(argv=None) -> None:
     table = pd.DataFrame(rows)
     print(to_markdown(table, ".1f"))
     if args.out is not None:
-        write_table(table, args.out, ".1f")
+        write_table(table, Path(args.out), ".1f")
 
 
 if __name__ == "__main__":

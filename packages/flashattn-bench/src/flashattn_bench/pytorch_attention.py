@@ -10,11 +10,12 @@ whose forward+backward would not fit on this device by that count.
 Usage: ``python -m flashattn_bench.pytorch_attention --out results/``.
 """
 
-import argparse
 import math
 import time
 from itertools import product
 from pathlib import Path
+
+from harness import cli
 
 # Non-causal forward saves, per (batch, head), the probabilities (softmax output, read by both of its
 # backward products) and the softmax's own output again for its gradient: autograd keeps one (S x S) tensor
@@ -54,18 +55,18 @@ def measure(attend, batch: int, seq: int, head_dim: int, dtype, iters: int, warm
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=Path("flashattn-pytorch"), help="folder for the tables")
-    parser.add_argument("--batch", type=int, default=8, help="batch size (one head)")
-    parser.add_argument("--seqs", type=int, nargs="+", default=[256, 1024, 4096, 8192, 16384], help="lengths")
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128], help="head dims")
-    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="fp32", help="input dtype")
-    parser.add_argument("--iters", type=int, default=100, help="timed forward and backward passes per cell")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed forward+backward passes per cell")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    p = cli.command_parser("python -m flashattn_bench.pytorch_attention", __doc__)
+    cli.add_out(p, "flashattn-pytorch", "folder for the tables")
+    p.add_argument("--batch", type=cli.positive_int, default=8, help="batch size (one head)")
+    cli.add_list(p, "--seqs", cli.positive_int, [256, 1024, 4096, 8192, 16384], "lengths")
+    cli.add_list(p, "--head-dims", cli.positive_int, [16, 32, 64, 128], "head dims")
+    p.add_argument("--dtype", choices=cli.DTYPE_NAMES, default="fp32", help="input dtype")
+    p.add_argument("--iters", type=cli.positive_int, default=100,
+                   help="timed forward and backward passes per cell")  # fmt: skip
+    p.add_argument("--warmup", type=cli.non_negative_int, default=5,
+                   help="untimed forward+backward passes per cell")  # fmt: skip
+    args = p.parse_args(argv)
     from flashattn_bench.util import require_cuda
 
     require_cuda("flashattn_bench.pytorch_attention")
@@ -98,7 +99,8 @@ def main() -> None:
         times = f"fwd {row['fwd ms']:.3f} ms, bwd {row['bwd ms']:.3f} ms"
         print(f"[{took:.0f}s] {name} d={head_dim} seq={seq}: {times}, {row['mem before bwd GiB']:.2f} GiB "
               f"{row['status']}", flush=True)  # fmt: skip
-        write_table(pd.DataFrame(rows), args.out / "pytorch_attention", ".3g")  # kept if the run is cut short
+        # rewritten after every cell: kept if the run is cut short
+        write_table(pd.DataFrame(rows), Path(args.out) / "pytorch_attention", ".3g")
     df = pd.DataFrame(rows)
     seq = max(args.seqs)
     while PEAK_SCORE_TENSORS * args.batch * seq * seq * dtype.itemsize < total:

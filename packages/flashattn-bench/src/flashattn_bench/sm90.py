@@ -23,6 +23,8 @@ import argparse
 import math
 from pathlib import Path
 
+from harness import cli
+
 from flashattn_bench.compile_report import VARIANTS
 
 BACKWARD_STEPS = {  # name -> (changes to the table's DqTile, changes to its DkdvTile)
@@ -38,24 +40,25 @@ KERNEL_NAMES = {"dq": "gluon_dq_kernel", "dkdv": "gluon_dkdv_kernel"}
 FLOP_FACTOR = {"bwd": 2.5, "dq": 1.5, "dkdv": 2.0}  # tile products against the forward's
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m flashattn_bench.sm90", description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=32, help="query heads")
-    p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default: --heads")
-    p.add_argument("--head-dim", type=int, default=128, choices=(64, 128), help="head dim")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = cli.command_parser("python -m flashattn_bench.sm90", __doc__)
+    p.add_argument("--batch", type=cli.positive_int, default=1, help="batch size")
+    p.add_argument("--heads", type=cli.positive_int, default=32, help="query heads")
     p.add_argument(
-        "--seqs", type=int, nargs="+", default=[8192, 32768], help="sequence lengths (seq_q = seq_k)"
+        "--kv-heads", type=cli.positive_int, default=None, help="K/V heads (GQA); default: --heads"
     )
+    p.add_argument("--head-dim", type=int, default=128, choices=(64, 128), help="head dim")
+    cli.add_list(p, "--seqs", cli.positive_int, [8192, 32768], "sequence lengths (seq_q = seq_k)")
     p.add_argument("--causal", choices=("yes", "no", "both"), default="both", help="causal rows or not")
-    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="input dtype")
     p.add_argument("--gluon-steps", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
                    help="forward variants (changes to the table's ForwardTile)")  # fmt: skip
     p.add_argument("--gluon-bwd-steps", nargs="*", default=list(BACKWARD_STEPS), choices=list(BACKWARD_STEPS),
                    help="backward steps (changes to the table's DqTile and DkdvTile)")  # fmt: skip
     p.add_argument("--kernels", action="store_true", help="also time each Gluon backward kernel alone")
-    p.add_argument("--rep-ms", type=float, default=300.0, help="do_bench repetition time per measurement")
-    p.add_argument("--out", default="sm90-bench", help="output path prefix (.csv and .md are added)")
+    p.add_argument("--rep-ms", type=cli.positive_float, default=300.0,
+                   help="do_bench repetition time per measurement (ms)")  # fmt: skip
+    cli.add_out(p, "sm90-bench", "output path prefix (.csv and .md are added)")
     return p.parse_args(argv)
 
 
@@ -195,7 +198,7 @@ def _with_ratios(rows: list[dict], args):
     return table.sort_values(key, kind="stable")
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from flashattn_bench.util import require_cuda
 

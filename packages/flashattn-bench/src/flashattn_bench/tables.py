@@ -134,7 +134,7 @@ def _plot(sweep: pd.DataFrame, out: Path) -> None:
 
 def run(args) -> None:
     """Measure and write the tables ``args.only`` names (the arguments of
-    :func:`flashattn_bench.bench.parser`)."""
+    :func:`flashattn_bench.bench.parse_args`)."""
     env = environment()
     print(env, flush=True)
     start = time.perf_counter()

@@ -16,12 +16,13 @@ Usage: ``python -m flashattn_bench.tune --seq 16384 --heads 32 --head-dim 128 --
 
 from __future__ import annotations
 
-import argparse
 import math
 import multiprocessing as mp
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from harness import cli
 
 if TYPE_CHECKING:
     from flashattn.portable.tiles import KernelConfigs, Target, TileConfig
@@ -171,33 +172,24 @@ def _time(fn, rep_ms: float) -> float:
         return math.nan
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seq", type=int, default=16384, help="sequence length (queries = keys)")
-    parser.add_argument("--heads", type=int, default=32, help="attention heads (batch is 1)")
-    parser.add_argument("--head-dim", type=int, default=128, help="head dimension")
-    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="input dtype")
-    parser.add_argument("--non-causal", action="store_true", help="tune the non-causal kernels instead")
-    parser.add_argument(
-        "--rep-ms", type=float, default=60.0, help="do_bench repetition time per candidate (ms)"
-    )
-    parser.add_argument("--jobs", type=int, default=12, help="parallel compile processes")
-    parser.add_argument(
-        "--kernels",
-        nargs="+",
-        choices=KERNELS,
-        default=list(KERNELS),
-        help="what to time (dk, dv: dK and dV in separate programs; sdpa: SDPA's backends)",
-    )
-    parser.add_argument(
-        "--all",
-        action="store_true",
-        help="also time the candidates the shared-memory estimate rules out (failing where they do not fit)",
-    )
-    parser.add_argument("--out", type=Path, default=Path("flashattn-tune"), help="folder for tune.csv/.md")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    p = cli.command_parser("python -m flashattn_bench.tune", __doc__)
+    p.add_argument("--seq", type=cli.positive_int, default=16384, help="sequence length (queries = keys)")
+    p.add_argument("--heads", type=cli.positive_int, default=32, help="attention heads (batch is 1)")
+    p.add_argument("--head-dim", type=cli.positive_int, default=128, help="head dimension")
+    p.add_argument("--dtype", choices=cli.DTYPE_NAMES, default="bf16", help="input dtype")
+    p.add_argument("--non-causal", action="store_true", help="tune the non-causal kernels instead")
+    p.add_argument("--rep-ms", type=cli.positive_float, default=60.0,
+                   help="do_bench repetition time per candidate (ms)")  # fmt: skip
+    p.add_argument("--jobs", type=cli.positive_int, default=12, help="parallel compile processes")
+    cli.add_list(p, "--kernels", str, KERNELS,
+                 "what to time (dk, dv: dK and dV in separate programs; sdpa: SDPA's backends)",
+                 choices=KERNELS)  # fmt: skip
+    p.add_argument("--all", action="store_true",
+                   help="also time the candidates the shared-memory estimate rules out (failing where they "
+                        "do not fit)")  # fmt: skip
+    cli.add_out(p, "flashattn-tune", "folder for tune.csv/.md")
+    args = p.parse_args(argv)
     from flashattn_bench.util import require_cuda
 
     require_cuda("flashattn_bench.tune")
@@ -252,7 +244,7 @@ def main() -> None:
     env = environment()
     print(f"{env} shape {shape} {args.dtype} causal={causal}")
     print(to_markdown(df, ".3f"))
-    write_table(df, args.out / "tune", ".3g")
+    write_table(df, Path(args.out) / "tune", ".3g")
 
 
 if __name__ == "__main__":
