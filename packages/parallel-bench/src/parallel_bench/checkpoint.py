@@ -17,12 +17,13 @@ Writes ``checkpoint.csv`` and ``checkpoint.md`` into ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import threading
 import time
 from pathlib import Path
+
+from harness import cli
 
 GIB = 2**30
 
@@ -136,19 +137,19 @@ def _worker(rank: int, world_size: int, preset: str, folder: Path, threads: int,
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--preset", default="xl", help="cs336_basics preset")
-    parser.add_argument("--world-size", type=int, default=1, help="processes (one GPU each)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo, for a dry run")
-    parser.add_argument("--threads", type=int, default=4, help="writer threads per rank")
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/parallel-checkpoint"),
-                        help="checkpoint folder (removed at the end)")
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for the table")
-    parser.add_argument("--drop-page-cache", action="store_true",
-                        help="empty the machine's page cache before loading (root)")
-    parser.add_argument("--timeout", type=float, default=500, help="seconds before the workers are stopped")
-    args = parser.parse_args(argv)
+    p = cli.command_parser("python -m parallel_bench.checkpoint", __doc__)
+    p.add_argument("--preset", default="xl", help="cs336_basics preset")
+    p.add_argument("--world-size", type=cli.positive_int, default=1, help="processes (one GPU each)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo, for a dry run")
+    p.add_argument("--threads", type=cli.positive_int, default=4, help="writer threads per rank")
+    p.add_argument("--dir", type=Path, default=Path("/tmp/parallel-checkpoint"),
+                   help="checkpoint folder (removed at the end)")  # fmt: skip
+    cli.add_out(p, "results", "folder for the table")
+    p.add_argument("--drop-page-cache", action="store_true",
+                   help="empty the machine's page cache before loading (root)")  # fmt: skip
+    p.add_argument("--timeout", type=cli.positive_float, default=500,
+                   help="seconds before the workers are killed")  # fmt: skip
+    args = p.parse_args(argv)
 
     import pandas as pd
     import torch
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None):
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     df = pd.DataFrame(rows)
-    write_results(df, args.out / "checkpoint")
+    write_results(df, Path(args.out) / "checkpoint")
     print(to_markdown(df))
     return df
 

@@ -23,11 +23,12 @@ parameters (checked).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import time
 from pathlib import Path
+
+from harness import cli
 
 MODES = ("broadcast", "reduce_scatter")
 COLLECTIVES = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
@@ -118,16 +119,18 @@ def _worker(rank: int, world_size: int, width: int, layers: int, rounds: int) ->
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world-size", type=int, default=2, help="processes")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo: CPU; nccl: GPUs")
-    parser.add_argument("--width", type=int, default=1000, help="width of each square Linear layer")
-    parser.add_argument("--layers", type=int, default=8, help="Linear layers")
-    parser.add_argument("--rounds", type=int, default=20, help="timed steps of each mode")
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder for zero-modes.csv/.md")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds before the workers are stopped")
-    args = parser.parse_args(argv)
+    p = cli.command_parser("python -m parallel_bench.zero_modes", __doc__)
+    p.add_argument("--world-size", type=cli.positive_int, default=2, help="processes")
+    p.add_argument("--width", type=cli.positive_int, default=1000, help="width of each square Linear layer")
+    p.add_argument("--layers", type=cli.positive_int, default=8, help="Linear layers")
+    p.add_argument("--rounds", type=cli.positive_int, default=20, help="timed steps of each mode")
+    cli.add_out(p, "results", "folder for zero-modes.csv/.md")
+    cli.add_launch(p, timeout=300)
+    args = p.parse_args(argv)
+    try:
+        args.backend = cli.resolve_backend(args.backend, args.world_size)
+    except ValueError as err:
+        p.error(f"--world-size: {err}")
 
     import pandas as pd
     from harness.results import to_markdown
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None):
     reference = df.set_index("mode").loc["broadcast"]
     df["bytes_vs_broadcast"] = df["bytes_sent_per_rank_MB"] / reference["bytes_sent_per_rank_MB"]
     df["time_vs_broadcast"] = df["step_ms_median"] / reference["step_ms_median"]
-    write_results(df, args.out / "zero-modes")
+    write_results(df, Path(args.out) / "zero-modes")
     print(to_markdown(df))
     return df
 
