@@ -1,9 +1,11 @@
 """``python -m docs.tables.figures``: attention figures of docs/flashattn.md, drawn from the raw CSVs.
 
 ``flashattn-sweep-<dtype>.png``: latency of every implementation against the sequence length, one panel
-per head dimension (rows) and pass (columns), for the bf16 and the fp32 sweep;
-``flashattn-pytorch-attention-memory.png``: memory in use before backward of the naive attention, eager and
-compiled, against its analytic saved size; ``flashattn-hopper-tflops.png``: TFLOP/s of the sm90 path against
+per head dimension (rows) and pass (columns), for the bf16 and the fp32 sweep (fp32 at d 128: the run with the
+final tile table);
+``flashattn-pytorch-attention-memory.png``: memory in use before backward and memory saved by autograd of the
+naive attention (eager; the compiled run's are the same to the byte), against the analytic saved size;
+``flashattn-hopper-tflops.png``: TFLOP/s of the sm90 path against
 SDPA and the portable kernels at (1, 32, S, 128) bf16, one panel per pass (columns) and causal or not (rows).
 """
 
@@ -14,9 +16,20 @@ from pathlib import Path
 
 from .fmt import ROOT
 
-SWEEPS = {"bf16": "docs/data/flashattn-sweep.csv", "fp32": "docs/data/flashattn-sweep-fp32-2026-11-29c.csv"}
-NAIVE = "docs/data/flashattn-pytorch-attention-2026-11-29b.csv"
-HOPPER = "docs/data/flashattn-hopper-multihead-2026-12-04.csv"  # run 11: every length, the final kernels
+COURSE = "docs/runs/2026-11-29-flashattn-course/raw/"
+SWEEPS = {  # dtype -> CSVs, a later file replacing the head dims it holds
+    "bf16": [COURSE + "flashattn-sweep.csv"],
+    "fp32": [
+        COURSE + "flashattn-sweep-fp32-2026-11-29c.csv",
+        COURSE + "flashattn-sweep-fp32-d128-final-2026-11-29c.csv",
+    ],
+}
+SWEEP_TITLES = {
+    "bf16": "ours = the portable Triton kernels of 2026-11-29",
+    "fp32": "ours = the portable Triton kernels of 2026-11-29 (tf32x3 dots); SDPA has no fp32 kernels",
+}
+NAIVE = COURSE + "flashattn-pytorch-attention-2026-11-29b.csv"
+HOPPER = "docs/runs/2026-12-04-flashattn-closing/raw/flashattn-hopper-multihead-2026-12-04.csv"
 HOPPER_LINES = {"ours": "public (Gluon forward and backward)", "sdpa_cudnn": "SDPA cuDNN",
                 "sdpa_flash": "SDPA flash", "portable": "portable Triton"}  # fmt: skip
 PASSES = ("fwd", "bwd", "fwd+bwd")
@@ -33,7 +46,10 @@ def sweep_figure(dtype: str, out: Path) -> Path:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    data = pd.read_csv(ROOT / SWEEPS[dtype])
+    data = None
+    for path in SWEEPS[dtype]:
+        part = pd.read_csv(ROOT / path)
+        data = part if data is None else pd.concat([data[~data["head_dim"].isin(part["head_dim"])], part])
     impls = [c.removesuffix(" ms") for c in data.columns if c.endswith(" ms")]
     dims = sorted(data["head_dim"].unique())
     fig, axes = plt.subplots(len(dims), len(PASSES), figsize=(13, 3.0 * len(dims)), sharex=True)
@@ -49,7 +65,9 @@ def sweep_figure(dtype: str, out: Path) -> Path:
     for ax in axes[-1]:
         ax.set_xlabel("sequence length")
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"attention latency, {dtype}, {SWEEPS[dtype].removeprefix('docs/')}")
+    fig.suptitle(
+        f"attention latency, {dtype}, batch 1, one head, causal; one H200, 2026-11-29\n{SWEEP_TITLES[dtype]}"
+    )
     fig.tight_layout()
     return _save(fig, out / f"flashattn-sweep-{dtype}.png")
 
@@ -59,35 +77,32 @@ def naive_memory_figure(out: Path) -> Path:
     import pandas as pd
 
     data = pd.read_csv(ROOT / NAIVE)
+    eager = data[data["attention"] == "eager"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (attention, d), group in data.groupby(["attention", "head_dim"]):
-        group = group.sort_values("seq")
+    for d, style in ((16, "o"), (128, "s")):
+        group = eager[eager["head_dim"] == d].sort_values("seq")
         ax.plot(
             group["seq"],
             group["mem before bwd GiB"],
-            marker="o",
-            ms=3,
-            ls="-" if attention == "eager" else "--",
-            label=f"{attention}, d = {d}",
+            marker=style,
+            ms=4,
+            label=f"in use before backward, d {d}",
         )
+        ax.plot(group["seq"], group["saved by autograd GiB"], marker=style, ms=4, ls="--",
+                label=f"saved by autograd, d {d}")  # fmt: skip
     analytic = data.drop_duplicates("seq").sort_values("seq")
-    ax.plot(
-        analytic["seq"],
-        analytic["analytic saved GiB"],
-        color="black",
-        lw=2,
-        alpha=0.4,
-        label="analytic saved (scores, batch 8)",
-    )
+    ax.plot(analytic["seq"], analytic["analytic saved GiB"], color="black", lw=2, alpha=0.4,
+            label="counted: one fp32 seq x seq tensor per batch element")  # fmt: skip
     ax.set(
         xscale="log",
         yscale="log",
         xlabel="sequence length",
-        ylabel="GiB in use before backward",
-        title="naive PyTorch attention, batch 8, one head",
+        ylabel="GiB",
+        title="naive PyTorch attention, fp32, batch 8, one head: one H200, 2026-11-29\n"
+        "(d 32 and 64 lie between d 16 and 128; compiled = eager to the byte)",
     )
     ax.set_xscale("log", base=2)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, out / "flashattn-pytorch-attention-memory.png")
 
@@ -118,7 +133,7 @@ def hopper_figure(out: Path) -> Path:
     for ax in axes[-1]:
         ax.set_xlabel("sequence length S")
     axes[0, 0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"(1, 32, S, 128) bf16 on one H200, {HOPPER.removeprefix('docs/')}")
+    fig.suptitle("TFLOP/s at (1, 32, S, 128) bf16, one H200, 2026-12-04: public = the sm90 Gluon kernels")
     fig.tight_layout()
     return _save(fig, out / "flashattn-hopper-tflops.png")
 

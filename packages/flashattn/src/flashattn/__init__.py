@@ -25,11 +25,12 @@ What each kernel set supports (``window=(left, right)``: keys ``i + shift - left
 | dtypes | fp16, bf16 | fp16, bf16, fp32 (tf32x3 dots) | fp16, bf16, fp32, fp64 |
 | head dims | 64, 128 | multiples of 8, 16 ... 256 | multiples of 8, 16 ... 256 |
 | GQA / MQA (``H_q % H_kv == 0``) | yes | yes, K/V never expanded | yes (broadcast views) |
-| causal (bottom-right), ``window`` | yes | yes, tiles outside skipped | yes |
+| causal (bottom-right), ``window`` | yes (every query must see a key) | yes, tiles outside skipped | yes |
 | packed documents (varlen) | no | yes | yes (a loop over documents) |
 | deterministic backward | yes (no atomics) | yes (no atomics) | yes |
 
-Calls take the first set of the table that covers them (sm90, then portable, then pytorch). Unsupported inputs
+Calls take the first set of the table that covers them (sm90, then portable, then pytorch), forward and
+backward alike: on sm90 both passes run the Gluon kernels, windows included. Unsupported inputs
 raise ``TypeError`` / ``ValueError`` naming the argument and the supported values; a CUDA call that falls back
 to the PyTorch version warns once with the reason.
 """
