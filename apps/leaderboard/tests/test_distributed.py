@@ -1,9 +1,10 @@
 """The benchmark and the equivalence check on 2 gloo ranks (the CPU path of ``train.py``)."""
 
 import pytest
+from leaderboard.ablation import ablation_rows, ablation_steps
+from leaderboard.benchmark import run_benchmark
 from leaderboard.check import run_check
-from leaderboard.recipes import ablation_steps, get_recipe
-from leaderboard.worker import run_benchmark
+from leaderboard.recipes import get_recipe
 from parallel.launch import spawn
 
 
@@ -51,10 +52,11 @@ def _ablate_without_time(rank, world_size):
     import time
 
     import torch
-    from leaderboard.worker import run_ablation
+    from leaderboard.ablation import run_ablation
 
     started = time.time() - 10
-    return run_ablation(rank, world_size, torch.device("cpu"), get_recipe("tiny"), started, "full", 1.0)
+    rows, headline = ablation_rows(get_recipe("tiny"), "cpu", "full", None)
+    return run_ablation(rank, world_size, torch.device("cpu"), rows, headline, started, time_budget=1.0)
 
 
 def test_ablation_respects_its_time_budget():
@@ -122,6 +124,7 @@ def test_a_dead_rank_is_named_by_the_launcher(monkeypatch):
     from parallel.launch import WorkerError
 
     monkeypatch.setattr(launching, "run_job", _rank_one_killed)
-    job = Job(get_recipe("tiny"), ranks=2, use_gpus=False, launch_time=time.time(), argv=(), stall_timeout=60)
+    tiny = get_recipe("tiny")
+    job = Job("bench", tiny, ranks=2, use_gpus=False, launch_time=time.time(), argv=(), stall_timeout=60)
     with pytest.raises(WorkerError, match=r"^rank 1 of 2 failed: killed by signal SIGKILL"):
         launching.launch(job)

@@ -3,8 +3,6 @@ outputs and gradients in fp32 and bf16 (bf16 within about twice the reference mo
 awkward sizes, the layouts the fusions promise, and whole blocks and a small model equal to the unfused
 ones."""
 
-import dataclasses
-
 import pytest
 import torch
 from cs336_basics import BasicsTransformerLM, RMSNorm, RotaryEmbedding, SwiGLU, TransformerBlock
@@ -327,11 +325,11 @@ def test_fused_block_on_cuda_matches_and_keeps_one_tensor_less(backend):
 def test_the_step_compiles_every_region_the_fusions_leave(fused):
     """As the step prepares a block: every module whose own forward still runs is a compiled region (an
     eager RMSNorm in bf16 would keep an fp32 copy of its input), and the fused ones are left as fused."""
-    from leaderboard.optimized import prepare_block
+    from leaderboard.parallelize import prepare_block
     from leaderboard.recipes import get_recipe
 
     block = TransformerBlock(48, 3, 97, RotaryEmbedding(10000.0, 16, 33))
-    recipe = dataclasses.replace(get_recipe("leaderboard-8b"), fused_block=fused, compile_regions=True)
+    recipe = get_recipe("leaderboard-8b").with_(fused_block=fused, compile_regions=True)
     prepare_block(recipe, block)
     still_run = [block.ln1] if fused else [block.ln1, block.ln2, block.ffn]
     assert all(m._compiled_call_impl is not None for m in still_run)

@@ -3,6 +3,7 @@ and how it plans."""
 
 import pytest
 from cs336_basics import get_preset
+from leaderboard.ablation import ablation_alternatives, ablation_steps
 from leaderboard.checkpoint_plan import (
     BlockCosts,
     CheckpointPlan,
@@ -13,7 +14,7 @@ from leaderboard.checkpoint_plan import (
 from leaderboard.cli import parse_args
 from leaderboard.job import resolve_recipe
 from leaderboard.proxy import RankProxy
-from leaderboard.recipes import ablation_alternatives, ablation_steps, get_recipe
+from leaderboard.recipes import get_recipe
 
 GIB = 2**30
 
@@ -64,8 +65,8 @@ def test_the_proxy_recipe():
         recipe.validate(2)
     assert resolve_recipe(parse_args(["--preset", "proxy-8b"]), 1, 0) == recipe
     rows = ablation_steps(recipe, "cuda") + ablation_alternatives(recipe, "cuda")
-    assert all(label.startswith("proxy (1 GPU for 1 of 2 ranks): ") for label, _, _ in rows)
-    assert any(o.get("offload_blocks") == -1 for _, _, o in rows)
+    assert all(row.label.startswith("proxy (1 GPU for 1 of 2 ranks): ") for row in rows)
+    assert any(row.recipe.activation_checkpoint.offload_blocks == -1 for row in rows[1:])
 
 
 def test_a_proxy_plans_like_the_rank_it_stands_for():

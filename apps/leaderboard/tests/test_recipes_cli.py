@@ -3,11 +3,12 @@
 import json
 
 import pytest
+from harness.results import write_json
 from leaderboard import cli, launching
+from leaderboard.ablation import ablation_alternatives, ablation_steps
 from leaderboard.cli import parse_args
-from leaderboard.job import default_recipe_name, resolve_recipe
-from leaderboard.recipes import RECIPES, ablation_alternatives, ablation_steps, get_recipe
-from leaderboard.report import write_json
+from leaderboard.job import resolve_recipe
+from leaderboard.recipes import RECIPES, default_recipe_name, get_recipe
 
 GIB = 2**30
 
@@ -24,8 +25,9 @@ def test_recipes_have_the_documented_shapes():
     assert (eight_b.context_length, eight_b.batch_size) == (32_768, 2)
     large = get_recipe("large-8k").model_config()
     assert (large.d_model, large.num_layers, large.context_length, large.batch_size) == (1280, 36, 8192, 2)
-    for recipe in RECIPES.values():
-        recipe.validate(1 if recipe.proxy_ranks > 1 else 2)  # a proxy runs on one GPU
+    for name in RECIPES:
+        recipe = get_recipe(name)
+        recipe.validate(1 if recipe.parallelism.proxy_ranks > 1 else 2)  # a proxy runs on one GPU
 
 
 def test_overrides_are_typed_and_checked():
@@ -42,18 +44,14 @@ def test_overrides_are_typed_and_checked():
             "--set",
             "attention=cudnn",
             "--set",
-            "learning_rate=0.5",
+            "optimizer.learning_rate=0.5",
         ]
     )
     recipe = resolve_recipe(args, gpus=0, gpu_memory_bytes=0)
-    assert (recipe.steps, recipe.checkpoint_blocks, recipe.compile_regions, recipe.attention) == (
-        3,
-        1,
-        True,
-        "cudnn",
-    )
-    assert recipe.learning_rate == 0.5 and recipe.name == "tiny"
-    with pytest.raises(ValueError, match="FIELD=VALUE"):
+    assert (recipe.training.steps, recipe.activation_checkpoint.blocks) == (3, 1)
+    assert (recipe.model.compile_regions, recipe.model.attention) == (True, "cudnn")
+    assert recipe.optimizer.learning_rate == 0.5 and recipe.name == "tiny"
+    with pytest.raises(ValueError, match="unknown recipe field 'no_such_field'"):
         resolve_recipe(parse_args(["--set", "no_such_field=1"]), 0, 0)
     with pytest.raises(ValueError, match="true or false"):
         resolve_recipe(parse_args(["--set", "fused_loss=maybe"]), 0, 0)
@@ -67,7 +65,7 @@ def test_validate_names_the_field():
         tiny.with_(attention="fastest").validate(1)
     with pytest.raises(ValueError, match="optimizer"):
         tiny.with_(optimizer="sgd").validate(1)
-    with pytest.raises(ValueError, match="unknown recipe fields"):
+    with pytest.raises(ValueError, match="unknown recipe field"):
         tiny.with_(depth=3)
     with pytest.raises(ValueError, match="unknown recipe"):
         get_recipe("huge")
@@ -100,13 +98,16 @@ def test_write_json_replaces_atomically(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--ranks", "0"], "argument --ranks: expected an integer >= 1, got 0"),
-        (["--steps", "0"], "argument --steps: expected an integer >= 1, got 0"),
+        (["--ranks", "0"], "argument --ranks: expected a positive integer, got '0'"),
+        (["--steps", "0"], "argument --steps: expected a positive integer, got '0'"),
+        (["--warmup", "-1"], "argument --warmup: expected an integer >= 0, got '-1'"),
         (["--time-budget", "60"], "--time-budget needs --ablation or --data"),
         (["--row-steps", "2"], "--row-steps needs --ablation"),
-        (["--check", "--ablation"], "--check and --ablation cannot be combined"),
-        (["--resume"], "--resume need --data"),
-        (["--data", "x.bin", "--resume"], "--resume needs --save DIR"),
+        (["--check", "--ablation"], "argument --ablation: not allowed with argument --check"),
+        (["--data", "x.bin", "--check"], "argument --check: not allowed with argument --data"),
+        (["--resume"], "--resume needs --data"),
+        (["--check", "--baseline"], "--baseline cannot be combined with --check"),
+        (["--ablation", "--baseline"], "--baseline cannot be combined with --ablation"),
     ],
 )
 def test_option_errors_name_the_option(argv, message, capsys):
@@ -125,6 +126,8 @@ def test_option_errors_name_the_option(argv, message, capsys):
         (["--set", "max_grad_norm=-1"], "max_grad_norm must be a finite number >= 0, got -1.0"),
         (["--set", "max_grad_norm=0"], "max_grad_norm must be > 0, got 0.0"),
         (["--data", "no/such/tokens.bin"], "--data no/such/tokens.bin: no such file"),
+        (["--data", "x.bin", "--resume"], "--resume needs --save DIR"),
+        (["--set", "model.depth=3"], "unknown recipe field 'model.depth'"),
     ],
 )
 def test_recipe_errors_come_before_any_process_starts(argv, message, monkeypatch, capsys):
@@ -140,7 +143,7 @@ def test_recipe_errors_come_before_any_process_starts(argv, message, monkeypatch
 def test_ablation_ends_with_the_recipe_itself(name):
     recipe = get_recipe(name)
     rows = ablation_steps(recipe, "cuda")
-    assert rows[0][1] and not any(baseline for _, baseline, _ in rows[1:])
-    assert recipe.with_(**rows[-1][2]) == recipe.with_(attention="auto", checkpoint_blocks=-1)
-    for _, _, overrides in ablation_alternatives(recipe, "cuda"):
-        assert recipe.with_(**overrides) != recipe.with_(**rows[-1][2])
+    assert rows[0].baseline and not any(row.baseline for row in rows[1:])
+    assert rows[-1].recipe == recipe.with_(attention="auto", checkpoint_blocks=-1)
+    for row in ablation_alternatives(recipe, "cuda"):
+        assert row.recipe != rows[-1].recipe

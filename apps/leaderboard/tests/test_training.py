@@ -56,7 +56,8 @@ def test_resume_needs_an_earlier_checkpoint(tmp_path, token_files):
         TrainingRun.checked(token_files[0], None, tmp_path / "ckpt", False, tmp_path / "out", recipe)
     with pytest.raises(
         ValueError,
-        match=r"--save: sharded checkpoints \(parallel.checkpoint\) need sharding=ours, got 'fsdp2'",
+        match=r"--save: sharded checkpoints \(parallel.checkpoint\) need our sharding \(sharding=ours\), "
+        r"which sharding='fsdp2' does not have",
     ):
         TrainingRun.checked(
             token_files[0], None, tmp_path / "new", False, tmp_path / "out", recipe.with_(sharding="fsdp2")

@@ -11,19 +11,25 @@ Tolerances (``TOLERANCES``): fp32 compute must agree to rounding of different su
 may be at most twice the torch-native baseline's in BF16 (FSDP2 with bf16 params) plus a small floor,
 and never above an absolute cap. AdamW's first update is about ``lr * sign(grad)``, so a few
 gradient entries near zero flipping sign under bf16 move the update error far more than the gradients'.
+
+Memory: before anything is built the check plans the largest reference the device holds
+(``check_memory.plan_check``); at a shorter context or with fewer blocks than the recipe's, it checks the
+same code on that smaller model and says so in its result.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 import torch
-from cs336_basics import AdamW, build_model, cross_entropy
+from cs336_basics import AdamW, ModelConfig, build_model, cross_entropy
 from parallel.heartbeat import beat
 from torch import Tensor
 
-from .baseline import build_baseline
-from .optimized import build_optimized
-from .recipes import Recipe
+from .build import build_trainer
+from .check_memory import plan_check
+from .checkpoint_plan import available_bytes
+from .ranks import mean_over_ranks, rank_rows
+from .recipe import Recipe
 from .trainer import Trainer, random_batch
 
 # metric -> (fp32 absolute limit, bf16 floor over twice the baseline's error, bf16 absolute cap)
@@ -40,16 +46,19 @@ def _rel_err(got: dict[str, Tensor], want: dict[str, Tensor]) -> float:
     return (num / max(den, 1e-300)) ** 0.5
 
 
-def reference_step(recipe: Recipe, device: torch.device, tokens: Tensor, targets: Tensor):
+def reference_step(
+    recipe: Recipe, config: ModelConfig, device: torch.device, tokens: Tensor, targets: Tensor
+):
     """Initial weights, loss, gradients and weights after one AdamW step of the fp32 reference."""
-    torch.manual_seed(recipe.seed)
-    model = build_model(recipe.model_config(), device=device, dtype=torch.float32)
+    torch.manual_seed(recipe.training.seed)
+    model = build_model(config, device=device, dtype=torch.float32)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     loss = cross_entropy(model(tokens), targets)
     loss.backward()
     loss = loss.detach()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay).step()
+    settings = recipe.optimizer
+    AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay).step()
     after = {n: p.detach().clone() for n, p in model.named_parameters()}
     return before, loss.item(), grads, after
 
@@ -63,12 +72,8 @@ def _measure(
     tokens: Tensor,
     targets: Tensor,
 ) -> dict:
-    import torch.distributed as dist
-
     trainer.load_parameters(before)
-    loss = trainer.forward_backward(tokens, targets).double().reshape(1)
-    dist.all_reduce(loss)
-    loss = float(loss) / dist.get_world_size()
+    loss = mean_over_ranks(trainer.forward_backward(tokens, targets))
     grads = trainer.full_gradients()
     trainer.optimizer_step()
     after = {k: v.to(before[k].device) for k, v in trainer.full_parameters().items()}
@@ -84,37 +89,34 @@ def _measure(
 
 def run_check(rank: int, world_size: int, device: torch.device, recipe: Recipe) -> dict:
     """Compare optimized (fp32, bf16) and baseline (bf16) trainers with the reference; every rank returns
-    ``{"passed", "rows", "table"}``."""
-    recipe.validate(world_size)
-    cfg = recipe.model_config()
-    if recipe.checkpoint_blocks < 0:  # exercise recomputed blocks, recomputed SwiGLUs and kept blocks
-        recipe = recipe.with_(
-            checkpoint_blocks=max(1, cfg.num_layers // 3), checkpoint_ffn=max(1, cfg.num_layers // 3)
-        )
+    ``{"passed", "rows", "table", "reference_loss", "shrunk"}`` (``shrunk``: what the memory plan made
+    smaller than the recipe, or "")."""
+    free = available_bytes(device) if device.type == "cuda" else None
+    shape = plan_check(recipe.model_config(), recipe.training.batch_size, free)
+    config, layers = shape.config, shape.config.num_layers
+    if shape.note and rank == 0:
+        print(f"check: {shape.note}", flush=True)
+    recipe = recipe.with_(context_length=config.context_length)
+    if recipe.activation_checkpoint.blocks < 0:  # exercise recomputed blocks, recomputed SwiGLUs, kept blocks
+        recipe = recipe.with_(checkpoint_blocks=max(1, layers // 3), checkpoint_ffn=max(1, layers // 3))
+    batch = recipe.training.batch_size
     tokens, targets = random_batch(
-        cfg.vocab_size, recipe.batch_size, cfg.context_length, recipe.seed + 1, device
+        config.vocab_size, batch, config.context_length, recipe.training.seed + 1, device
     )
     beat("check: reference step")
-    before, ref_loss, ref_grads, ref_after = reference_step(recipe, device, tokens, targets)
-    per_rank = recipe.batch_size // world_size
-    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    before, ref_loss, ref_grads, ref_after = reference_step(recipe, config, device, tokens, targets)
+    rows = rank_rows(batch, rank, world_size)
     local = (tokens[rows], targets[rows])
+    per_rank = batch // world_size
 
     results = {}
-    for label, dtype in (("optimized fp32", torch.float32), ("optimized bf16", torch.bfloat16)):
+    for label, dtype, baseline in (("optimized fp32", torch.float32, False),
+                                   ("optimized bf16", torch.bfloat16, False),
+                                   ("baseline bf16", torch.bfloat16, True)):  # fmt: skip
         beat(f"check: {label}")
-        results[label] = _measure(
-            build_optimized(recipe, device, per_rank, dtype), before, ref_loss, ref_grads, ref_after, *local
-        )
-    beat("check: baseline bf16")
-    results["baseline bf16"] = _measure(
-        build_baseline(recipe, device, per_rank, torch.bfloat16),
-        before,
-        ref_loss,
-        ref_grads,
-        ref_after,
-        *local,
-    )
+        trainer = build_trainer(recipe, config, device, per_rank, baseline, dtype)
+        results[label] = _measure(trainer, before, ref_loss, ref_grads, ref_after, *local)
+        del trainer  # before the next one is built
 
     table_rows, passed = [], True
     for label, measured in results.items():
@@ -134,6 +136,7 @@ def run_check(rank: int, world_size: int, device: torch.device, recipe: Recipe) 
     return {
         "passed": bool(passed),
         "reference_loss": ref_loss,
+        "shrunk": shape.note,
         "rows": table_rows,
         "table": table.to_markdown(index=False, floatfmt=".3g"),
     }

@@ -1,10 +1,15 @@
-"""``train.py``: time training steps of a named recipe, check them, or train on a token file.
+"""``train.py``: time training steps of a named recipe, check them, run the ablation, or train on a token
+file.
 
-The path of a run: parse (this module, before torch is imported) -> plan the job (``job.plan_job``: the
-recipe with its overrides, every check of recipe and files) -> start the ranks (``launching.launch``) ->
-each rank builds its trainer and runs its steps (``job.run_job``) -> rank 0's result is reported
-(``report.report``). Every argument and recipe error is raised before any process starts, and so is a
-``--save`` folder that cannot be written or that another run holds (its lock, ``save_lock``).
+The path of a run, each step once: parse the options (this module, before torch is imported) -> plan the
+job (``job.plan_job``: the recipe resolved and validated once, every file checked) -> start the ranks
+(``launching.launch``) -> each rank runs the job's mode (``modes.run_job``) over a trainer built in one
+order (``build.build_trainer``: model -> ``parallelize`` -> optimizer -> ``Trainer``) -> rank 0's result is
+reported (``report.report``). Every argument and recipe error is raised before any process starts, and so
+is a ``--save`` folder that cannot be written or that another run holds (its lock, ``save_lock``).
+
+Modes: the benchmark (default), ``--check``, ``--ablation``, ``--data`` (training); ``MODE_OPTIONS`` says
+which options belong to which modes.
 
 Where the ranks run:
 - under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR set; any number of nodes): this process is one rank;
@@ -22,45 +27,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
 
-from .recipes import RECIPES, Recipe
+from harness.cli import non_negative_int, positive_float, positive_int
 
+from .recipe import FIELDS
+from .recipes import RECIPES
 
-def _at_least(low: int):
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
-        return value
-
-    return convert
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value}")
-    return value
+MODE_FLAGS = {"check": "--check", "ablation": "--ablation", "train": "--data"}  # the benchmark has none
+# options that belong to some modes only -> those modes
+MODE_OPTIONS = {
+    "baseline": ("bench", "train"),
+    "time_budget": ("ablation", "train"),
+    "row_steps": ("ablation",),
+    **{name: ("train",) for name in ("valid", "save", "resume", "force", "out")},
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    fields = ", ".join(f.name for f in dataclasses.fields(Recipe) if f.name != "name")
     parser = argparse.ArgumentParser(
         prog="train.py",
         description="Time full training steps (forward, loss, backward, AdamW) of a named recipe, sharded "
         "over every rank; --baseline times the torch-native step instead, --check verifies the optimized "
-        "step against the reference model, --data trains on a token file.",
+        "step against the reference model, --ablation times the step one optimization at a time, --data "
+        "trains on a token file.",
     )
     parser.add_argument(
         "--preset",
@@ -73,13 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
         "the largest that fits on one GPU, tiny on a CPU.",
     )
     parser.add_argument(
-        "--steps", type=_at_least(1), default=None, help="measured (or trained) steps (default: the recipe's)"
+        "--steps",
+        type=positive_int,
+        default=None,
+        help="measured (or trained) steps: training.steps (default: the recipe's)",
     )
     parser.add_argument(
         "--warmup",
-        type=_at_least(0),
+        type=non_negative_int,
         default=None,
-        help="warm-up steps excluded from the median (default: the recipe's; the first one "
+        help="warm-up steps excluded from the median, benchmark.warmup (default: the recipe's; the first one "
         "includes compilation and autotuning)",
     )
     parser.add_argument(
@@ -88,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="override one recipe field, e.g. --set checkpoint_blocks=8 --set attention=cudnn "
-        f"(fields: {fields})",
+        help="override one recipe field, e.g. --set activation_checkpoint.blocks=8 "
+        "--set model.attention=cudnn; "
+        "a field's plain name works too (--set checkpoint_blocks=8). Fields: " + ", ".join(FIELDS),
     )
     parser.add_argument(
         "--baseline",
@@ -97,13 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="time (or train) the torch-native step (FSDP2, SDPA, per-block checkpointing, "
         "fused torch AdamW)",
     )
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--check",
         action="store_true",
         help="instead of timing, compare loss, gradients and updated weights after one step of the "
-        "optimized step with the reference model + cs336_basics AdamW (fp32 and bf16)",
+        "optimized step with the reference model + cs336_basics AdamW (fp32 and bf16); a reference that "
+        "would not fit the GPU's free memory is checked at a shorter context or with fewer blocks",
     )
-    parser.add_argument(
+    mode.add_argument(
         "--ablation",
         nargs="?",
         const="full",
@@ -114,9 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         "alternatives (the full step planned with 8 GiB more and less memory headroom); prints a table "
         "and writes it as CSV and Markdown beside --json",
     )
+    mode.add_argument("--data", type=Path, default=None, metavar="TOKENS",
+                      help="train on this token file (flat uint16 token ids, e.g. from "
+                      "python -m leaderboard.tokens)")  # fmt: skip
     parser.add_argument(
         "--time-budget",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="S",
         help="with --ablation: start no further row once S seconds since launch plus the shortest row "
@@ -125,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--row-steps",
-        type=_at_least(1),
+        type=positive_int,
         default=None,
         metavar="N",
         help="with --ablation: measured steps of the rows between the baseline and the fully optimized "
@@ -138,23 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write the resolved recipe, every step and the summary to this JSON file",
     )
-    training = parser.add_argument_group(
-        "training on a token file (flat uint16 token ids, e.g. from python -m leaderboard.tokens)"
-    )
-    training.add_argument("--data", type=Path, default=None, metavar="TOKENS", help="train on this file")
+    training = parser.add_argument_group("training on a token file (with --data)")
     training.add_argument(
         "--valid",
         type=Path,
         default=None,
         metavar="TOKENS",
-        help="held-out file for the evaluation loss (every eval_every steps; default: none)",
+        help="held-out file for the evaluation loss (every training.eval_every steps; default: none)",
     )
     training.add_argument(
         "--save",
         type=Path,
         default=None,
         metavar="DIR",
-        help="write sharded checkpoints DIR/step-NNNNNN (every save_every steps and after the last)",
+        help="write sharded checkpoints DIR/step-NNNNNN (every checkpoint.save_every steps and after the "
+        "last)",
     )
     training.add_argument(
         "--resume",
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ranks",
-        type=_at_least(1),
+        type=positive_int,
         default=None,
         help="processes on this node (default: one per GPU; 2 on a CPU)",
     )
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall-timeout",
         "--timeout",
         dest="stall_timeout",
-        type=_positive_float,
+        type=positive_float,
         default=600.0,
         metavar="S",
         help="stop the run once no rank has reported progress (a heartbeat at start-up, compile, every "
@@ -196,29 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and check the options that belong together; exits with a usage error naming the option."""
+    """The options, with ``mode`` ("bench", "check", "ablation" or "train"); exits with a usage error naming
+    an option given to a mode it does not belong to."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    modes = [name for name in ("check", "ablation", "data") if getattr(args, name)]
-    if len(modes) > 1:
-        parser.error(f"--{modes[0]} and --{modes[1]} cannot be combined")
-    if args.time_budget is not None and not (args.ablation or args.data):
-        parser.error("--time-budget needs --ablation or --data")
-    if args.row_steps is not None and not args.ablation:
-        parser.error("--row-steps needs --ablation")
-    if args.check and args.baseline:
-        parser.error("--check compares both trainers already; drop --baseline")
-    if args.ablation and args.baseline:
-        parser.error("--ablation times the baseline already; drop --baseline")
-    if args.baseline and args.save is not None:
-        parser.error("--save writes parallel.checkpoint shards, which the --baseline trainer (torch FSDP2) "
-                     "does not have; drop --baseline or --save")  # fmt: skip
-    training_only = [f"--{n}" for n in ("valid", "save", "out") if getattr(args, n) is not None]
-    training_only += [f"--{n}" for n in ("resume", "force") if getattr(args, n)]
-    if training_only and not args.data:
-        parser.error(f"{', '.join(training_only)} need --data")
-    if args.resume and args.save is None:
-        parser.error("--resume needs --save DIR (the folder of the checkpoints)")
+    args.mode = next((mode for mode, flag in MODE_FLAGS.items() if getattr(args, flag[2:])), "bench")
+    for name, modes in MODE_OPTIONS.items():
+        if getattr(args, name) in (None, False) or args.mode in modes:
+            continue
+        option = "--" + name.replace("_", "-")
+        if "bench" in modes:
+            parser.error(f"{option} cannot be combined with {MODE_FLAGS[args.mode]}")
+        parser.error(f"{option} needs {' or '.join(MODE_FLAGS[m] for m in modes)}")
     return args
 
 
@@ -231,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from .job import locked_save, plan_job
     from .launching import launch
-    from .recipes import ResumeMismatch
     from .report import report
+    from .train_state import ResumeMismatch
 
     with contextlib.ExitStack() as stack:
         try:  # a recipe field, file or folder that cannot work: nothing was launched

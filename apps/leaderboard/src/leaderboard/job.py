@@ -1,9 +1,9 @@
-"""What the ranks run: the job planned from the command line, checked before any process starts.
+"""What the ranks will run, planned and checked before any process starts.
 
-``plan_job(args, argv, launch_time)`` resolves the recipe (the named one or the device's default, with
-``--steps`` / ``--warmup`` / ``--set`` applied), checks it against the number of ranks, and checks the
-token files and checkpoints of a training run; ``run_job(rank, world_size, job)`` is one rank's work once
-its process group is up: the equivalence check, the timing benchmark, the ablation or training.
+``plan_job(args, argv, launch_time)`` counts the ranks, resolves the recipe once (the named one or the
+device's default, with ``--steps`` / ``--warmup`` / ``--set`` applied), validates it once for that number of
+ranks (and so the ablation's rows), and checks the token files and checkpoints of a training run.
+``locked_save`` holds the ``--save`` folder's lock for the run (``save_lock``).
 """
 
 from __future__ import annotations
@@ -16,25 +16,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from .recipes import RECIPES, Recipe, get_recipe, parse_override
+from .ablation import AblationRow, ablation_rows
+from .recipe import Recipe, parse_override
+from .recipes import default_recipe_name, get_recipe
 from .save_lock import save_lock
 from .training import TrainingRun, check_writable
 
 
 @dataclass(frozen=True)
 class Job:
+    mode: str  # "bench", "check", "ablation" or "train"
     recipe: Recipe
     ranks: int  # over every node
     use_gpus: bool
     launch_time: float  # time.time() when train.py started
     argv: tuple[str, ...]
-    check: bool = False
+    under_torchrun: bool = False  # this process is one rank of a torchrun started from the shell
     baseline: bool = False
-    ablation: str | None = None  # "full" or "ends"
+    ablation: tuple[AblationRow, ...] = ()
+    headline: int = 0  # the ablation's row of the full step
     time_budget: float | None = None
-    row_steps: int | None = None
     json: Path | None = None
     training: TrainingRun | None = None
     stall_timeout: float = 600.0  # seconds without a heartbeat from any rank before the run is stopped
@@ -51,34 +53,21 @@ def locked_save(args: argparse.Namespace, argv: list[str]) -> contextlib.Abstrac
     return save_lock(args.save, shlex.join(["train.py", *argv]), force=args.force)
 
 
-def default_recipe_name(gpus: int, gpu_memory_bytes: int) -> str:
-    """leaderboard-8b on >= 2 GPUs; on one GPU the largest recipe whose fp32 params, grads and AdamW
-    moments (16 bytes per parameter) leave 20 GiB for activations; tiny on a CPU."""
-    if gpus == 0:
-        return "tiny"
-    if gpus >= 2:
-        return "leaderboard-8b"
-    for name in ("leaderboard-8b", "large-8k"):
-        if 16 * RECIPES[name].model_config().parameter_count + 20 * 2**30 < gpu_memory_bytes:
-            return name
-    return "tiny"
-
-
 def resolve_recipe(args: argparse.Namespace, gpus: int, gpu_memory_bytes: int) -> Recipe:
-    """The named recipe (or the device's default) with the command line's overrides applied."""
+    """The named recipe (or the device's default) with the command line's changes applied."""
     recipe = get_recipe(args.preset or default_recipe_name(gpus, gpu_memory_bytes))
     changes = dict(parse_override(item) for item in args.overrides)
     if args.steps is not None:
-        changes["steps"] = args.steps
+        changes["training.steps"] = args.steps
     if args.warmup is not None:
-        changes["warmup"] = args.warmup
+        changes["benchmark.warmup"] = args.warmup
     return recipe.with_(**changes)
 
 
 def plan_job(args: argparse.Namespace, argv: list[str], launch_time: float) -> Job:
     """The job the ranks will run; ValueError naming the argument or recipe field that cannot work."""
-    gpus = torch.cuda.device_count()
-    if under_torchrun():
+    gpus, torchrun = torch.cuda.device_count(), under_torchrun()
+    if torchrun:
         ranks = int(os.environ["WORLD_SIZE"])
         gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if gpus else 0
     else:
@@ -88,52 +77,23 @@ def plan_job(args: argparse.Namespace, argv: list[str], launch_time: float) -> J
         gpus_per_node = min(gpus, ranks)
     memory = torch.cuda.get_device_properties(0).total_memory if gpus_per_node == 1 else 0
     recipe = resolve_recipe(args, gpus_per_node, memory)
-    if recipe.proxy_ranks > 1 and args.ranks is None and not under_torchrun():
+    if recipe.parallelism.proxy_ranks > 1 and args.ranks is None and not torchrun:
         ranks = 1  # a proxy runs on one GPU (or one CPU process)
     recipe.validate(ranks)
+    rows, headline = (), 0
+    if args.mode == "ablation":
+        rows, headline = ablation_rows(recipe, "cuda" if gpus else "cpu", args.ablation, args.row_steps)
+        for row in rows:
+            row.recipe.validate(ranks)
     training = None
-    if args.data is not None:
+    if args.mode == "train":
         out = args.out or Path("results") / f"train-{recipe.name}"
-        training = TrainingRun.checked(args.data, args.valid, args.save, args.resume, out, recipe)
+        training = TrainingRun.checked(
+            args.data, args.valid, args.save, args.resume, out, recipe, args.baseline
+        )
     if args.json is not None:
         check_writable("--json", args.json.parent)
-    options = ("check", "baseline", "ablation", "time_budget", "row_steps", "json", "stall_timeout")  # = args
-    return Job(recipe, ranks, use_gpus=gpus > 0, launch_time=launch_time, argv=tuple(argv), training=training,
-               **{name: getattr(args, name) for name in options})  # fmt: skip
-
-
-def run_job(rank: int, world_size: int, job: Job) -> dict:
-    """One rank's work (its process group joined); every rank returns the same summary."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    device = device or torch.device("cpu")
-    if job.check:
-        from .check import run_check
-
-        return run_check(rank, world_size, device, job.recipe)
-    if job.training is not None:
-        from .training import train
-
-        return train(
-            rank, world_size, device, job.recipe, job.training, job.baseline, job.launch_time, job.time_budget
-        )
-    from .worker import run_ablation, run_benchmark
-
-    if job.ablation:
-        from .report import write_json
-
-        def save_partial(runs: list[dict]) -> None:
-            if job.json is not None:
-                write_json(job.json, {"partial": True, "resolved_recipe": job.recipe.as_dict(), "runs": runs})
-
-        return run_ablation(
-            rank,
-            world_size,
-            device,
-            job.recipe,
-            job.launch_time,
-            job.ablation,
-            job.time_budget,
-            row_steps=job.row_steps,
-            on_row=save_partial,
-        )
-    return run_benchmark(rank, world_size, device, job.recipe, job.baseline, job.launch_time)
+    return Job(args.mode, recipe, ranks, use_gpus=gpus > 0, launch_time=launch_time, argv=tuple(argv),
+               under_torchrun=torchrun, baseline=args.baseline, ablation=tuple(rows), headline=headline,
+               time_budget=args.time_budget, json=args.json, training=training,
+               stall_timeout=args.stall_timeout)  # fmt: skip

@@ -9,13 +9,17 @@ the shell by a watch thread in every rank."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from parallel import heartbeat
 from parallel.launch import call_rank, collective_timeout, free_port, init_from_env, spawn, torchrun
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .job import Job, run_job, under_torchrun
+from .modes import run_job
+
+if TYPE_CHECKING:
+    from .job import Job
 
 
 @record  # under torchrun: the exception goes to the error file its agent reports
@@ -31,7 +35,7 @@ def _this_process(job: Job) -> dict | None:
 
 def launch(job: Job) -> dict | None:
     """Run ``job`` on its ranks; rank 0's result."""
-    if under_torchrun():
+    if job.under_torchrun:
         return _this_process(job)
     if job.ranks == 1:  # a one-rank group, so the sharded code path is the same
         group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}

@@ -7,12 +7,14 @@ from __future__ import annotations
 import math
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from harness.environment import environment
 from harness.results import new_figure, write_json, write_table
 
-from .job import Job
+if TYPE_CHECKING:
+    from .job import Job
 
 
 def ablation_table(runs: list[dict]) -> pd.DataFrame:
@@ -77,7 +79,7 @@ def _report_training(result: dict, job: Job) -> int:
     print(f"wrote {out / 'losses.csv'}, {out / 'losses.md'} and {out / 'losses.png'}")
     first, last = this_run[0], this_run[-1]
     if result.get("stopped_by_time_budget"):
-        print(f"stopped after step {last['step']} of {job.recipe.steps} by the time budget")
+        print(f"stopped after step {last['step']} of {job.recipe.training.steps} by the time budget")
     evaluated = [r["eval_loss"] for r in this_run if r["eval_loss"] is not None]
     skipped = sum(bool(r.get("skipped")) for r in this_run)
     print(
@@ -103,18 +105,21 @@ def report(result: dict, job: Job) -> int:
     if job.json is not None:
         write_json(job.json, payload)
         print(f"wrote {job.json}")
-    if job.recipe.proxy_ranks > 1:
+    recipe = job.recipe
+    if recipe.parallelism.proxy_ranks > 1:
         print(
-            f"{job.recipe.name} is a single-GPU proxy of one rank of the {job.recipe.proxy_ranks}-rank "
-            f"{job.recipe.preset} step: the times below are the proxy's, not that step's"
+            f"{recipe.name} is a single-GPU proxy of one rank of the {recipe.parallelism.proxy_ranks}-rank "
+            f"{recipe.model.preset} step: the times below are the proxy's, not that step's"
         )
-    if job.check:
+    if job.mode == "check":
+        if result["shrunk"]:
+            print(f"the check ran on a smaller model than the recipe's: {result['shrunk']}")
         print(result["table"])
         print("check passed" if result["passed"] else "check FAILED")
         return 0 if result["passed"] else 1
-    if job.training is not None:
+    if job.mode == "train":
         return _report_training(result, job)
-    if job.ablation:
+    if job.mode == "ablation":
         table = ablation_table(result["runs"])
         if job.json is not None:
             write_table(table, job.json.with_suffix(""), floatfmt=".3f")  # beside the JSON file

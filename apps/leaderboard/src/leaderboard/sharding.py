@@ -1,14 +1,17 @@
-"""Applying checkpointing and torch FSDP2 to the unchanged reference model, and reading it back.
+"""Applying checkpointing and sharding to the unchanged reference model, and reading it back.
 
-Order, as in the trainers: build on ``meta`` -> wrap recomputed modules (``recomputed``) -> ``fully_shard``
-each block (or its wrapper), then the root -> ``to_empty`` on the device -> ``reset_parameters`` (each rank
-fills only its shard). Parameter names are those of ``BasicsTransformerLM`` under the root's prefix (``lm.``),
-with the checkpoint wrappers' ``_checkpoint_wrapped_module.`` left out (as in their ``state_dict``).
+torch FSDP2, in the trainers' order: build on ``meta`` -> wrap recomputed modules (``recomputed``) ->
+``fully_shard`` each block (or its wrapper), then the root -> ``to_empty`` on the device ->
+``reset_parameters`` (each rank fills only its shard). Our ``parallel.FSDP`` materializes its flat shards
+itself. Either way a trainer sees a ``ShardedModel``: the root to call and save, the parameters its
+optimizer updates, gradient synchronization and clipping, and the full weights and gradients (fp32, named
+as in ``BasicsTransformerLM``: the root's ``lm.`` prefix and the checkpoint wrappers'
+``_checkpoint_wrapped_module.`` left out, as in their ``state_dict``).
 """
 
 from __future__ import annotations
 
-import functools
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -87,10 +90,71 @@ def fsdp2_shard_bytes(root: nn.Module, world_size: int) -> int:
     return sum(4 * -(-p.shape[0] // world_size) * (p.numel() // p.shape[0]) for p in root.parameters())
 
 
-def fsdp2_accessors(root: nn.Module, prefix: str = "lm."):
-    """``(full_parameters, full_gradients, load_parameters)`` callables of a trainer over ``root``."""
-    return (
-        functools.partial(full_parameters, root, prefix),
-        functools.partial(full_gradients, root, prefix),
-        functools.partial(load_full_parameters, root, prefix=prefix),
-    )
+class ShardedModel(Protocol):
+    """What a trainer needs of a sharded root module (collectives: every rank calls them alike)."""
+
+    module: nn.Module  # ``(tokens, targets) -> mean loss``; what a sharded checkpoint saves
+
+    def optimizer_parameters(self) -> list[Tensor]: ...
+    def finish_gradient_synchronization(self) -> None: ...
+    def clip_grad_norm_(self, max_norm: float) -> Tensor: ...
+    def full_parameters(self) -> dict[str, Tensor]: ...
+    def full_gradients(self) -> dict[str, Tensor]: ...
+    def load_full_parameters(self, state: dict[str, Tensor]) -> None: ...
+
+
+class Fsdp2Model:
+    """A root whose blocks and root ``fully_shard`` made DTensors (see ``shard_fsdp2``)."""
+
+    def __init__(self, root: nn.Module, prefix: str = "lm."):
+        self.module, self.prefix = root, prefix
+
+    def optimizer_parameters(self) -> list[Tensor]:
+        return list(self.module.parameters())
+
+    def finish_gradient_synchronization(self) -> None:
+        """Nothing to wait for: FSDP2 has reduced every gradient when backward returns."""
+
+    def clip_grad_norm_(self, max_norm: float) -> Tensor:
+        return clip_grad_norm(self.module, max_norm)
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        return full_parameters(self.module, self.prefix)
+
+    def full_gradients(self) -> dict[str, Tensor]:
+        return full_gradients(self.module, self.prefix)
+
+    def load_full_parameters(self, state: dict[str, Tensor]) -> None:
+        load_full_parameters(self.module, state, self.prefix)
+
+
+class FlatUnitsModel:
+    """A root inside our ``parallel.FSDP``: one flat fp32 unit per Transformer block, the rest in the root
+    unit, norm gains replicated."""
+
+    def __init__(self, root: nn.Module, compute_dtype: torch.dtype, seed: int, device: torch.device):
+        from cs336_basics import TransformerBlock
+        from parallel import FSDP
+
+        self.device = device
+        self.module = FSDP(root, compute_dtype=compute_dtype, unit_modules=(TransformerBlock,), seed=seed,
+                           device=device)  # fmt: skip
+
+    def optimizer_parameters(self) -> list[Tensor]:
+        return [*self.module.flat_shards(), *self.module.replicated_parameters()]
+
+    def finish_gradient_synchronization(self) -> None:
+        self.module.finish_gradient_synchronization()
+
+    def clip_grad_norm_(self, max_norm: float) -> Tensor:
+        """The global norm over every shard and replicated parameter."""
+        return self.module.clip_grad_norm_(max_norm)
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        return {k.removeprefix("lm."): v for k, v in self.module.gather_full_params(self.device).items()}
+
+    def full_gradients(self) -> dict[str, Tensor]:
+        return {k.removeprefix("lm."): v for k, v in self.module.gather_full_grads(self.device).items()}
+
+    def load_full_parameters(self, state: dict[str, Tensor]) -> None:
+        self.module.load_state_dict({"lm." + k: v for k, v in state.items()})

@@ -5,29 +5,24 @@ byte-level ones). Each step every rank draws its own ``batch_size / ranks`` wind
 ``cs336_basics.get_batch`` from numpy's global RNG, seeded per rank (different data on each rank); the
 learning rate follows ``cs336_basics.get_lr_cosine_schedule`` (``learning_rate`` to ``min_learning_rate``
 over ``steps``, after ``lr_warmup_steps``); gradients are clipped to ``max_grad_norm`` (global norm over all
-shards). Every ``eval_every`` steps (and after the last) the loss is measured on fixed, evenly spaced
+shards). Every ``training.eval_every`` steps (and after the last) the loss is measured on fixed, evenly spaced
 windows of the held-out file (``eval_batches`` global batches, split over the ranks).
 
 A step whose training loss (mean over ranks) or gradient norm is not finite is never applied: with
-``on_nonfinite="stop"`` (the default) the run ends there, naming the step, and the report exits with status
-1; with ``"skip"`` the gradients are dropped and the row is marked skipped. A non-finite evaluation loss ends
-the run too. Losses are kept as they are (``nan`` in the CSV); a step that was not evaluated has no
-evaluation loss (``None``, blank in the CSV).
+``training.on_nonfinite="stop"`` (the default) the run ends there, naming the step, and the report exits
+with status 1; with ``"skip"`` the gradients are dropped and the row is marked skipped. A non-finite
+evaluation loss ends the run too. Losses are kept as they are (``nan`` in the CSV); a step that was not
+evaluated has no evaluation loss (``None``, blank in the CSV).
 
-Checkpoints ``DIR/step-NNNNNN`` go through ``parallel.checkpoint.save_sharded`` (each rank writes its
-shards and optimizer state); besides the step they hold every rank's numpy and torch RNG states, the
-loss history and the recipe, so ``--resume`` continues with the same data and, on a CPU, the same losses bit
-for bit as a run that was never interrupted (same number of ranks). A checkpoint is written only when every
-parameter is finite. ``DIR/recipe.json`` records the recipe of the run that last wrote there, so that a
-``--resume`` that changes a field of ``recipes.RESUME_FIXED_FIELDS`` is refused before any process starts;
-the ranks compare the checkpoint's own recipe again once it is loaded.
+Checkpoints ``DIR/step-NNNNNN`` (``train_state``) hold the weights, the optimizer state, every rank's RNG
+states, the loss history and the recipe, so ``--resume`` continues with the same data and, on a CPU, the
+same losses bit for bit as a run that was never interrupted (same number of ranks).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,28 +30,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
+from cs336_basics import get_batch, get_lr_cosine_schedule
 from harness.results import atomic_write_text
+from harness.timing import synchronize
 from parallel.heartbeat import beat
 
-from .recipes import Recipe, check_resumable
+from .build import build_trainer
+from .ranks import max_over_ranks, mean_over_ranks
+from .recipe import Recipe
 from .token_file import TokenFile, check_tokens
-
-RECIPE_RECORD = "recipe.json"
-
-_CHECKPOINT = re.compile(r"step-(\d{6})")
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:06d}"
-
-
-def latest_checkpoint(folder: Path | None) -> tuple[int, Path] | None:
-    """``(step, path)`` of the newest checkpoint ``step-NNNNNN`` in ``folder``, or None."""
-    if folder is None or not folder.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.fullmatch(p.name))]
-    return max(found) if found else None
+from .train_state import (
+    RECIPE_RECORD,
+    NonFiniteError,
+    check_resumable,
+    checkpoint_name,
+    data_seed,
+    latest_checkpoint,
+    resume_training_state,
+    save_training_state,
+)
+from .trainer import Trainer
 
 
 def check_writable(option: str, folder: Path) -> None:
@@ -81,26 +74,35 @@ class TrainingRun:
 
     @classmethod
     def checked(
-        cls, data: Path, valid: Path | None, save: Path | None, resume: bool, out: Path, recipe: Recipe
+        cls,
+        data: Path,
+        valid: Path | None,
+        save: Path | None,
+        resume: bool,
+        out: Path,
+        recipe: Recipe,
+        baseline: bool = False,
     ) -> TrainingRun:
         """The run, after checking its files against ``recipe`` (ValueError naming the option)."""
-        cfg = recipe.model_config()
-        check_tokens(data, "--data", cfg.vocab_size, cfg.context_length)
-        if valid is not None:
-            check_tokens(valid, "--valid", cfg.vocab_size, cfg.context_length)
-        if save is not None and recipe.sharding != "ours":
+        if resume and save is None:
+            raise ValueError("--resume needs --save DIR (the folder of the checkpoints)")
+        if save is not None and (baseline or recipe.parallelism.sharding != "ours"):
+            trainer = "the --baseline trainer" if baseline else f"sharding={recipe.parallelism.sharding!r}"
             raise ValueError(
-                "--save: sharded checkpoints (parallel.checkpoint) need sharding=ours, "
-                f"got {recipe.sharding!r}"
+                f"--save: sharded checkpoints (parallel.checkpoint) need our sharding (sharding=ours), "
+                f"which {trainer} does not have"
             )
+        context, vocab = recipe.model.context_length, recipe.model_config().vocab_size
+        check_tokens(data, "--data", vocab, context)
+        if valid is not None:
+            check_tokens(valid, "--valid", vocab, context)
         latest = latest_checkpoint(save)
         if resume:
             if latest is None:
                 raise ValueError(f"--resume: no checkpoint step-NNNNNN in --save {save}")
-            if latest[0] >= recipe.steps:
-                raise ValueError(
-                    f"--resume: {latest[1]} is at step {latest[0]}, not before --steps {recipe.steps}"
-                )
+            if latest[0] >= recipe.training.steps:
+                steps = recipe.training.steps
+                raise ValueError(f"--resume: {latest[1]} is at step {latest[0]}, not before --steps {steps}")
             record = save / RECIPE_RECORD
             if record.is_file():
                 check_resumable(json.loads(record.read_text()), recipe, f"--save {save}")
@@ -114,99 +116,38 @@ class TrainingRun:
         return cls(data, valid, save, resume, out)
 
 
-def _data_seed(seed: int, rank: int) -> int:
-    return (seed * 1_000_003 + 7919 * rank + 1) % 2**32
-
-
 @torch.no_grad()
-def evaluate(trainer, tokens: np.ndarray, recipe: Recipe, rank: int, world_size: int, device) -> float:
+def evaluate(
+    trainer: Trainer, tokens: TokenFile, recipe: Recipe, rank: int, world_size: int, device
+) -> float:
     """Mean loss over ``eval_batches`` global batches of evenly spaced windows of ``tokens``."""
-    from .worker import mean_over_ranks
-
-    context, per_rank = recipe.context_length, recipe.batch_size // world_size
-    starts = np.linspace(0, len(tokens) - context - 1, recipe.eval_batches * recipe.batch_size).astype(
-        np.int64
-    )
-    mine = starts.reshape(recipe.eval_batches, world_size, per_rank)[:, rank]
+    context, batch = recipe.model.context_length, recipe.training.batch_size
+    batches = recipe.training.eval_batches
+    starts = np.linspace(0, len(tokens) - context - 1, batches * batch).astype(np.int64)
+    mine = starts.reshape(batches, world_size, batch // world_size)[:, rank]
     total = torch.zeros((), dtype=torch.float64, device=device)
     for rows in mine:
         windows = torch.from_numpy(np.stack([tokens[s : s + context + 1].astype(np.int64) for s in rows]))
         windows = windows.to(device)
-        total += trainer.root(windows[:, :-1], windows[:, 1:]).double()
-    return mean_over_ranks(total / recipe.eval_batches)
+        total += trainer.evaluate(windows[:, :-1], windows[:, 1:]).double()
+    return mean_over_ranks(total / batches)
 
 
-class NonFiniteError(RuntimeError):
-    """A loss, gradient norm or parameter that is not finite ended the run (every rank raises it alike)."""
-
-
-def _nonfinite_parameter(root: torch.nn.Module) -> str | None:
-    """``"name (rank r)"`` of a parameter holding a non-finite value on some rank, or None (collective)."""
-    mine = next((name for name, p in root.named_parameters() if not bool(torch.isfinite(p).all())), None)
-    found = [None] * dist.get_world_size()
-    dist.all_gather_object(found, mine)
-    return next((f"{name} (rank {rank})" for rank, name in enumerate(found) if name is not None), None)
-
-
-def _save(run: TrainingRun, trainer, recipe: Recipe, step: int, history: list[dict], world_size: int) -> Path:
-    from parallel.checkpoint import save_sharded
-
-    beat(f"save step {step}")
-    path = run.save / checkpoint_name(step)
-    bad = _nonfinite_parameter(trainer.root)
-    if bad is not None:
-        raise NonFiniteError(f"step {step}: parameter {bad} holds non-finite values; {path} not written")
-    rng_states = [None] * world_size
-    dist.all_gather_object(rng_states, (np.random.get_state(), torch.get_rng_state()))
-    extra = {"step": step, "history": history, "rng_states": rng_states, "recipe": recipe.as_dict()}
-    save_sharded(path, trainer.root, trainer.optimizer, extra=extra)
-    return path
-
-
-def _resume(run: TrainingRun, trainer, recipe: Recipe, rank: int, world_size: int) -> tuple[int, list[dict]]:
-    from parallel.checkpoint import load_sharded
-
-    _, path = latest_checkpoint(run.save)
-    beat(f"resume from {path.name}")
-    extra = load_sharded(path, trainer.root, trainer.optimizer)
-    changed = check_resumable(extra.get("recipe", {}), recipe, str(path))
-    if len(extra["rng_states"]) == world_size:  # same ranks: continue each rank's data stream exactly
-        numpy_state, torch_state = extra["rng_states"][rank]
-        np.random.set_state(numpy_state)
-        torch.set_rng_state(torch_state)
-    else:  # another number of ranks: fresh streams, seeded by the step
-        np.random.seed(_data_seed(extra["step"], rank))
-    if rank == 0:
-        print(f"resumed from {path} after step {extra['step']}" + (
-            f"; changed since: {', '.join(changed)}" if changed else ""))  # fmt: skip
-    return extra["step"], list(extra["history"])
-
-
-def _step_row(trainer, recipe: Recipe, step: int, batch, device) -> dict:
-    """One training step; a step whose loss or gradient norm is not finite drops its gradients instead of
-    updating the weights (``skipped``)."""
-    from cs336_basics import get_lr_cosine_schedule
-    from harness.timing import synchronize
-
-    from .worker import max_over_ranks, mean_over_ranks
-
+def _step_row(trainer: Trainer, recipe: Recipe, step: int, batch, device) -> dict:
+    """One training step at the schedule's learning rate; a step whose loss or gradient norm is not finite
+    drops its gradients instead of updating the weights (``skipped``)."""
+    settings, steps = recipe.optimizer, recipe.training.steps
     began = time.perf_counter()
     lr = get_lr_cosine_schedule(
-        step, recipe.learning_rate, recipe.min_learning_rate, recipe.lr_warmup_steps, recipe.steps
+        step, settings.learning_rate, settings.min_learning_rate, settings.lr_warmup_steps, steps
     )
     for group in trainer.optimizer.param_groups:
         group["lr"] = lr
-    loss = mean_over_ranks(trainer.forward_backward(*batch))
-    norm = float(trainer.clip_grad_norm(recipe.max_grad_norm))
-    finite = math.isfinite(loss) and math.isfinite(norm)  # the same on every rank: both are global
-    if finite:
-        trainer.optimizer_step()
-    else:
-        trainer.optimizer.zero_grad(set_to_none=True)
+    loss, norm, applied = trainer.training_step(*batch, settings.max_grad_norm)
     synchronize(device)
     seconds = max_over_ranks(time.perf_counter() - began, device)
     return {"step": step, "lr": lr, "train_loss": loss, "grad_norm": norm, "eval_loss": None,
-            "skipped": not finite, "seconds": seconds}  # fmt: skip
+            "skipped": not applied, "seconds": seconds}  # fmt: skip
 
 
 def _line(row: dict, steps: int) -> str:
@@ -229,25 +170,20 @@ def train(
     time_budget: float | None = None,
     log=print,
 ) -> dict:
-    """Train ``recipe`` on ``run.data``; every rank returns the loss history, what was saved, and
-    ``failure`` (why a non-finite value ended the run, or None)."""
-    from cs336_basics import get_batch
-
-    from .worker import build_trainer, max_over_ranks
-
-    recipe.validate(world_size)
+    """Train ``recipe`` (validated for ``world_size``) on ``run.data``; every rank returns the loss history,
+    what was saved, and ``failure`` (why a non-finite value ended the run, or None)."""
     say = log if rank == 0 else (lambda *_: None)
-    per_rank = recipe.batch_size // world_size
+    steps, per_rank = recipe.training.steps, recipe.training.batch_size // world_size
     data = TokenFile(run.data, "--data")
     valid = TokenFile(run.valid, "--valid") if run.valid is not None else None
     beat("build")
-    trainer = build_trainer(recipe, baseline, device, per_rank)
+    trainer = build_trainer(recipe, recipe.model_config(), device, per_rank, baseline)
     say(f"built the {trainer.name} trainer of {recipe.name} on {world_size} rank(s): {trainer.info}")
-    np.random.seed(_data_seed(recipe.seed, rank))
-    torch.manual_seed(_data_seed(recipe.seed, rank))
+    np.random.seed(data_seed(recipe.training.seed, rank))
+    torch.manual_seed(data_seed(recipe.training.seed, rank))
     start, history, saved, stopped, failure = 0, [], [], False, None
     if run.resume:
-        start, history = _resume(run, trainer, recipe, rank, world_size)
+        start, history = resume_training_state(run.save, trainer, recipe, rank)
     if run.save is not None and rank == 0:
         atomic_write_text(run.save / RECIPE_RECORD, json.dumps(recipe.as_dict(), indent=2) + "\n")
 
@@ -259,31 +195,33 @@ def train(
         if row["eval_loss"] is not None and not math.isfinite(row["eval_loss"]):
             raise NonFiniteError(f"step {row['step']}: the evaluation loss is {row['eval_loss']}")
 
+    def save(step: int) -> None:
+        saved.append(str(save_training_state(run.save, trainer, recipe, step, history)))
+
     try:
-        for step in range(start + 1, recipe.steps + 1):
+        for step in range(start + 1, steps + 1):
             late = time_budget is not None and time.time() - launch_time > time_budget
             if max_over_ranks(float(late), device):
                 stopped = True
                 break
             beat(f"compile (step {step})" if step == start + 1 else f"step {step}")
-            batch = get_batch(data, per_rank, recipe.context_length, device)
+            batch = get_batch(data, per_rank, recipe.model.context_length, device)
             row = _step_row(trainer, recipe, step, batch, device)
             history.append(row)
-            if row["skipped"] and recipe.on_nonfinite == "stop":
-                say(_line(row, recipe.steps))
+            if row["skipped"] and recipe.training.on_nonfinite == "stop":
+                say(_line(row, steps))
                 raise NonFiniteError(
                     f"step {step}: training loss {row['train_loss']}, gradient norm {row['grad_norm']}; not "
                     f"applied (the weights are those after step {step - 1}; learning_rate="
-                    f"{recipe.learning_rate:g}); set on_nonfinite=skip to skip such steps instead"
+                    f"{recipe.optimizer.learning_rate:g}); set on_nonfinite=skip to skip such steps instead"
                 )
-            if valid is not None and (step % recipe.eval_every == 0 or step == recipe.steps):
+            if valid is not None and (step % recipe.training.eval_every == 0 or step == steps):
                 evaluated(row)
-            say(_line(row, recipe.steps))
+            say(_line(row, steps))
             check_evaluated(row)
-            if run.save is not None and (
-                step == recipe.steps or (recipe.save_every and step % recipe.save_every == 0)
-            ):
-                saved.append(str(_save(run, trainer, recipe, step, history, world_size)))
+            every = recipe.checkpoint.save_every
+            if run.save is not None and (step == steps or (every and step % every == 0)):
+                save(step)
         if stopped and history and history[-1]["step"] > start:
             last = history[-1]
             say(f"time budget of {time_budget:g} s reached after step {last['step']}")
@@ -292,7 +230,7 @@ def train(
                 say(f"evaluation loss after step {last['step']}: {last['eval_loss']:.4f}")
                 check_evaluated(last)
             if run.save is not None and not (saved and saved[-1].endswith(checkpoint_name(last["step"]))):
-                saved.append(str(_save(run, trainer, recipe, last["step"], history, world_size)))
+                save(last["step"])
     except NonFiniteError as error:
         failure = str(error)
     finally:
