@@ -29,12 +29,12 @@ FP32_BYTES = 4
 def reference_step_bytes(config: ModelConfig, batch: int) -> int:
     """Peak bytes of the check on one rank: the fp32 reference (weights, gradients, AdamW moments, saved
     activations with materialized scores) plus the copies the check keeps (weights before and after,
-    gradients: 12 bytes a parameter) plus backward's largest temporaries (two ``(B, H, S, S)`` score
-    gradients, two ``(B, S, V)`` logit gradients)."""
+    gradients: 12 bytes a parameter) plus the largest temporaries of one block and of the loss (three
+    ``(B, H, S, S)`` score-sized tensors: scaled, masked, their gradient; two ``(B, S, V)`` logit-sized)."""
     seq = config.context_length
     memory = memory_breakdown(config, batch, seq)  # fp32 throughout, no checkpointing
     copies = 3 * memory.parameters
-    temporaries = 2 * FP32_BYTES * batch * seq * (config.num_heads * seq + config.vocab_size)
+    temporaries = FP32_BYTES * batch * seq * (3 * config.num_heads * seq + 2 * config.vocab_size)
     during_backward = memory.parameters + memory.gradients + memory.activations + temporaries
     after_update = memory.parameters + memory.gradients + memory.optimizer_state
     return copies + max(during_backward, after_update)
