@@ -57,6 +57,21 @@ def test_checked_types():
             cli.positive_float(bad)
 
 
+def test_parsed_by_keeps_the_text_and_reports_the_parser_s_error(capsys):
+    def window(text):
+        left, right = text.split(",")  # a ValueError when there is no single comma
+        if int(left) < 0 or int(right) < 0:
+            raise ValueError(f"window sides must be >= 0, got {text!r}")
+        return int(left), int(right)
+
+    p = cli.command_parser("python -m demo", None)
+    p.add_argument("--window", type=cli.parsed_by(window))
+    assert p.parse_args(["--window", "17,0"]).window == "17,0"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--window", "3,-1"])
+    assert "--window: window sides must be >= 0, got '3,-1'" in capsys.readouterr().err
+
+
 def test_help_shows_description_and_defaults(capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args(["--help"])

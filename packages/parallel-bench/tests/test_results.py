@@ -1,11 +1,10 @@
 """The sharding benchmarks' result files and tables, and their argument parsing, without a GPU."""
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
+from harness.command_probe import probe_commands
 from parallel_bench import fsdp, zero
 from parallel_bench.results import write_results
 
@@ -39,14 +38,14 @@ def test_fsdp_tables_take_the_slower_rank_of_each_step():
     assert summary.loc[1, "max_late_ms"] == 1.0
 
 
-@pytest.mark.parametrize("module", ["parallel_bench.fsdp", "parallel_bench.zero"])
-def test_help_imports_no_torch(module):
-    code = (f"import sys, runpy\nsys.argv = ['x', '--help']\n"
-            f"try:\n    runpy.run_module('{module}', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch imported before parsing'")  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "--steps" in result.stdout and "--warmup" in result.stdout
+def test_help_imports_no_torch():
+    commands = ["fsdp", "zero", "zero_modes", "checkpoint", "ddp", "collectives", "trace_plot"]
+    result = probe_commands("parallel_bench", commands)
+    assert result["import loads torch"] is False
+    for command, outcome in result["commands"].items():
+        assert (outcome["exit"], outcome["torch"]) == ("0", False), (command, outcome)
+        assert "--out" in outcome["stdout"], command
+    assert all("--steps" in result["commands"][c]["stdout"] for c in ("fsdp", "zero", "ddp"))
 
 
 def test_bad_arguments_are_refused_before_any_work(capsys):

@@ -1,4 +1,5 @@
-"""The timeline figure: each GPU event coloured by what it is, phase labels that never overlap."""
+"""The trace reader and timeline figure: overlap of communication with compute, each GPU event coloured by
+what it is, phase labels that never overlap."""
 
 import gzip
 import json
@@ -120,3 +121,35 @@ def test_command_draws_the_figure_and_refuses_bad_traces(tmp_path, capsys):
         with pytest.raises(SystemExit):
             trace_plot.main([bad, "--out", str(tmp_path / "g.png")])
         assert "LABEL=PATH" in capsys.readouterr().err
+
+
+def test_overlap_is_the_share_of_communication_time_under_compute(tmp_path):
+    # Compute busy 1000-11000 and 13000-20000 µs; NCCL 6000-16000 and 15000-17000 (overlapping each other):
+    # communication busy 6000-17000 = 11 ms, of which 6000-11000 and 13000-17000 (9 ms) under compute.
+    events = [
+        _event("ampere_sgemm_128x64", 7, 1000, 4000),
+        _event("elementwise_kernel", 7, 5000, 6000),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 21, 6000, 10000),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 21, 15000, 2000),
+        _event("sm90_xmma_gemm", 7, 13000, 7000),
+        _event("backward", 0, 4000, 16000, cat="gpu_user_annotation"),
+        _event("forward", 0, 500, 3000, cat="user_annotation"),
+        _event("ProfilerStep#1", 0, 0, 30000, cat="gpu_user_annotation"),
+        {"ph": "i", "name": "instant", "ts": 1},
+    ]
+    df = trace_plot.gpu_intervals(load_trace(_write_trace(tmp_path / "t.json.gz", events)))
+    assert set(df.loc[df["kind"] == "phase", "name"]) == {"backward", "forward"}
+    assert df.loc[df["kind"] != "phase", "start_ms"].min() == 0.0
+    s = trace_plot.summary(df)
+    assert s["communication_ms"] == pytest.approx(11.0)
+    assert s["compute_ms"] == pytest.approx(17.0)
+    assert s["overlap"] == pytest.approx(9 / 11)
+    summaries = trace_plot.plot_timelines({"a": tmp_path / "t.json.gz"}, tmp_path / "fig.png", title="t")
+    assert summaries["a"]["overlap"] == pytest.approx(9 / 11)
+    assert (tmp_path / "fig.png").stat().st_size > 0
+
+
+def test_trace_without_kernels_is_refused(tmp_path):
+    path = _write_trace(tmp_path / "cpu.json.gz", [_event("aten::mm", 1, 0, 5, cat="cpu_op")])
+    with pytest.raises(ValueError, match="no GPU kernels"):
+        trace_plot.gpu_intervals(load_trace(path))

@@ -6,6 +6,7 @@
     add_dtypes(p, ["fp32", "bf16"])                                 # --dtypes fp32 bf16
     add_out(p, "results")                                           # --out
     add_device(p)                                                   # --device (auto: cuda when present)
+    p.add_argument("--checkpoint", type=parsed_by(parse_strategy))  # a grammar of its own
 
 Imports nothing heavy (no torch, no pandas), so a command that parses its arguments first answers
 ``--help`` at once.
@@ -44,6 +45,21 @@ def _checked(cast: Callable[[str], Any], test: Callable[[Any], bool], expected: 
 positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
 non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = _checked(float, lambda v: v > 0 and v != float("inf"), "a positive finite number")
+
+
+def parsed_by(parse: Callable[[str], Any]) -> Callable[[str], str]:
+    """An argparse type for a value with a grammar of its own: the text is kept when ``parse(text)``
+    accepts it, and ``parse``'s ValueError, which names what was expected, becomes the usage error."""
+
+    def convert(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
 
 
 def _one_value(cast: Callable[[str], Any], flag: str) -> Callable[[str], Any]:

@@ -11,7 +11,6 @@ after every cell. ``--memory-profile`` records the allocator history of each cel
 
 from __future__ import annotations
 
-import argparse
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,15 +93,6 @@ def report(df) -> None:
     print(to_markdown(df, ".4g"))
 
 
-def checkpoint_strategy(text: str) -> str:
-    """An argparse type: a strategy name that :func:`profiling.options.parse_strategy` accepts."""
-    try:
-        parse_strategy(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
-
 def parse_args(argv: list[str] | None = None) -> BenchConfig:
     p = cli.command_parser("python -m profiling.bench", __doc__)
     cli.add_list(p, "--sizes", str, ["small"], "names of cs336_basics.presets, e.g. small xl 10B")
@@ -135,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     )
     p.add_argument(
         "--checkpoint",
-        type=checkpoint_strategy,
+        type=cli.parsed_by(parse_strategy),
         default="none",
         help=f"activation checkpointing: one of {', '.join(STRATEGY_NAMES)}",
     )
@@ -149,7 +139,9 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         "write the memory_viz pickle, a PNG timeline and the largest allocations under --out",
     )
     p.add_argument(
-        "--max-seconds", type=float, help="mark the cells that would start after this long skipped"
+        "--max-seconds",
+        type=cli.positive_float,
+        help="mark the cells that would start after this long skipped",
     )
     cli.add_out(p, "results", "folder for the table")
     p.add_argument("--name", default="bench", help="file stem of the table: <name>.csv and <name>.md")
