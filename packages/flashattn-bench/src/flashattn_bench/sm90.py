@@ -103,9 +103,9 @@ def _measure(args, seq: int, causal: bool, rows: list[dict]) -> None:
     from harness.timing import do_bench
     from torch.nn.attention import SDPBackend
 
-    from flashattn_bench.util import sdpa
+    from flashattn_bench.util import DTYPES, sdpa
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     kv_heads = args.kv_heads or args.heads
     table = TILES[args.head_dim]
     gen = torch.Generator(device="cuda").manual_seed(seq)
