@@ -1,20 +1,20 @@
-"""The fused pieces of a Transformer block against the reference ``cs336_basics`` modules and float64 math:
-outputs and gradients in fp32 and bf16 (bf16 within about twice the reference module's own bf16 error),
-awkward sizes, the layouts the fusions promise, and whole blocks and a small model equal to the unfused
-ones."""
+"""``fuse_block``: the fused block against the reference block and the block in float64 (outputs and every
+gradient, fp32 and bf16, each fusion alone and the step's), its parameters (the same objects under the same
+names and shapes, state dicts loading both ways strictly), a small model equal to the unfused one, and the
+modules the step compiles. The fused modules on their own: ``test_fused_modules.py``."""
+
 
 import pytest
 import torch
-from cs336_basics import BasicsTransformerLM, RMSNorm, RotaryEmbedding, SwiGLU, TransformerBlock
+from cs336_basics import BasicsTransformerLM, RotaryEmbedding, SwiGLU, TransformerBlock
 from harness.testing import assert_error_budget, assert_relative_error
 from leaderboard.fused_block import FUSIONS, STEP_FUSIONS, fuse_block
-from leaderboard.fused_norm import add_rmsnorm, rmsnorm_keep_input
-from leaderboard.fused_rope import rope_qk
-from leaderboard.fused_swiglu import swiglu
+from leaderboard.fused_norm import FusedAddRMSNorm
+from leaderboard.fused_rope import FusedRopeAttention
+from leaderboard.fused_swiglu import FusedSwiGLU
 from leaderboard.sharding import recomputed
 
 DTYPES = [torch.float32, torch.bfloat16]
-FP32_BOUND = 2e-5  # summation order and fp32 transcendental rounding only
 BF16_SLACK = 4e-3  # about half a bf16 unit of relative rounding
 
 
@@ -24,179 +24,6 @@ def enough_recompiles():
     running them eagerly, and the compiled kernels would go untested."""
     with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
         yield
-
-
-def check(name, actual, plain, expected, dtype, floor=1.0):
-    """fp32: near the float64 reference; bf16: at most 2x the plain bf16 version's error (+ slack)."""
-    if dtype == torch.float32:
-        assert_relative_error(actual, expected, bound=FP32_BOUND, floor=floor, name=name)
-    else:
-        assert_error_budget(actual, plain, expected, floor=floor, slack=BF16_SLACK, name=name)
-
-
-def run(fn, inputs, upstream, dtype):
-    """``fn``'s outputs and the gradients of its ``inputs`` (cast to ``dtype``) under ``upstream``."""
-    xs = [t.detach().to(dtype).requires_grad_() for t in inputs]
-    outs = fn(*xs)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    gs = torch.autograd.grad(outs, xs, [u.to(dtype) for u in upstream])
-    return [*outs, *gs]
-
-
-def compare(fused, module_way, float64_way, inputs, upstream, dtype, names):
-    actual = run(fused, inputs, upstream, dtype)
-    plain = run(module_way, inputs, upstream, dtype)
-    expected = run(float64_way, inputs, upstream, torch.float64)
-    for name, a, p, e in zip(names, actual, plain, expected, strict=True):
-        check(name, a, p, e, dtype)
-
-
-# ---------------------------------------------------------------------------------- residual add + RMSNorm
-def rmsnorm_module(x, weight, eps):
-    """``cs336_basics.RMSNorm`` with ``weight`` as its gain (a tensor, so its gradient reaches the caller)."""
-    norm = RMSNorm(x.shape[-1], eps, dtype=x.dtype)
-    del norm.weight
-    norm.weight = weight
-    return norm(x)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 1, 8), (2, 17, 97), (97, 40)], ids=str)
-def test_add_rmsnorm_matches_add_then_rmsnorm(shape, dtype):
-    torch.manual_seed(0)
-    eps = 1e-5
-    x, delta = torch.randn(shape) * 3, torch.randn(shape)
-    weight = 1 + 0.1 * torch.randn(shape[-1])
-    upstream = [torch.randn(shape), torch.randn(shape)]
-
-    def module_way(x, delta, w):
-        residual = x + delta
-        return rmsnorm_module(residual, w, eps), residual
-
-    def float64_way(x, delta, w):
-        residual = x + delta
-        return residual * torch.rsqrt(residual.pow(2).mean(-1, keepdim=True) + eps) * w, residual
-
-    fused = lambda x, delta, w: add_rmsnorm(x, delta, w, eps)
-    names = ["normed", "residual", "grad x", "grad delta", "grad weight"]
-    compare(fused, module_way, float64_way, [x, delta, weight], upstream, dtype, names)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 1, 8), (2, 17, 97), (97, 40)], ids=str)
-def test_rmsnorm_keep_input_matches_rmsnorm_and_the_identity(shape, dtype):
-    """``(norm(x), x)``: both gradients of x (through the norm and straight through) summed, as the
-    reference block's residual gets them."""
-    torch.manual_seed(6)
-    eps = 1e-5
-    x, weight = torch.randn(shape) * 3, 1 + 0.1 * torch.randn(shape[-1])
-    upstream = [torch.randn(shape), torch.randn(shape)]
-
-    def module_way(x, w):
-        return rmsnorm_module(x, w, eps), x * 1
-
-    def float64_way(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w, x * 1
-
-    fused = lambda x, w: rmsnorm_keep_input(x, w, eps)
-    compare(fused, module_way, float64_way, [x, weight], upstream, dtype, ["normed", "x", "grad x", "grad w"])
-
-
-# ---------------------------------------------------------------------------------------------------- RoPE
-def rope_float64(x, positions, theta):
-    """Pairs ``(x[2i], x[2i+1])`` as complex numbers times ``exp(i * position * theta**(-2i/d))``."""
-    d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[..., None] * inv_freq
-    pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)).contiguous())
-    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
-
-
-def projection_views(batch, seq, heads, d_head):
-    """q and k as the attention gets them: (batch, heads, seq, d_head) views of (batch, seq, d_model)."""
-    return [torch.randn(batch, seq, heads * d_head).unflatten(-1, (heads, d_head)).transpose(1, 2)
-            for _ in range(2)]  # fmt: skip
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(("batch", "heads", "seq", "d_head", "batched_positions"),
-                         [(1, 1, 1, 2, False), (2, 3, 17, 24, False), (2, 2, 97, 16, True)])  # fmt: skip
-def test_rope_qk_matches_rotary_embedding(batch, heads, seq, d_head, batched_positions, dtype):
-    torch.manual_seed(1)
-    theta = 10000.0
-    q, k = projection_views(batch, seq, heads, d_head)
-    positions = (torch.randint(0, 4 * seq, (batch, 1, seq)) if batched_positions
-                 else torch.arange(seq) + 1000)  # fmt: skip
-    upstream = [torch.randn_like(q), torch.randn_like(k)]
-    rope = RotaryEmbedding(theta, d_head, 8 * seq)
-
-    def fused(q, k):
-        return rope_qk(q, k, positions, theta)
-
-    def module_way(q, k):
-        return rope(q, positions), rope(k, positions)
-
-    def float64_way(q, k):
-        return rope_float64(q, positions, theta), rope_float64(k, positions, theta)
-
-    compare(fused, module_way, float64_way, [q, k], upstream, dtype, ["q", "k", "grad q", "grad k"])
-
-
-def test_rope_qk_keeps_the_projections_layout():
-    """Results and gradients are views of (batch, seq, heads, d_head) memory like the inputs, so neither the
-    attention output nor the gradients of q and k need a copy."""
-    q, k = (t.requires_grad_() for t in projection_views(2, 17, 3, 8))
-    q_rot, k_rot = rope_qk(q, k, torch.arange(17), 500.0)
-    assert q_rot.stride() == q.stride() and k_rot.stride() == k.stride()
-    upstream = torch.randn(2, 17, 3, 8).transpose(1, 2)  # what cuDNN returns for inputs of this layout
-    grad_q, grad_k = torch.autograd.grad((q_rot, k_rot), (q, k), (upstream, upstream))
-    assert grad_q.stride() == q.stride() and grad_k.stride() == k.stride()
-
-
-# -------------------------------------------------------------------------------------------------- SwiGLU
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(("lead", "d_model", "d_ff"), [((1,), 8, 16), ((2, 17), 24, 40), ((97,), 40, 97)],
-                         ids=str)  # fmt: skip
-def test_swiglu_matches_the_reference_module(lead, d_model, d_ff, dtype):
-    torch.manual_seed(2)
-    reference = SwiGLU(d_model, d_ff)
-    weights = [reference.w1.weight, reference.w3.weight, reference.w2.weight]
-    x = torch.randn(*lead, d_model)
-    upstream = [torch.randn(*lead, d_model)]
-
-    def module_way(x, w1, w3, w2):
-        module = SwiGLU(d_model, d_ff, dtype=x.dtype)
-        for linear, w in zip((module.w1, module.w3, module.w2), (w1, w3, w2), strict=True):
-            del linear.weight
-            linear.weight = w
-        return module(x)
-
-    names = ["out", "grad x", "grad w1", "grad w3", "grad w2"]
-    compare(swiglu, module_way, module_way, [x, *weights], upstream, dtype, names)
-
-
-def ones(*shape):
-    return torch.ones(shape)
-
-
-@pytest.mark.parametrize(
-    ("call", "message"),
-    [
-        (lambda: add_rmsnorm(ones(2, 4), ones(2, 5), ones(4), 1e-5), "x and delta must match"),
-        (lambda: add_rmsnorm(ones(2, 4), ones(2, 4), ones(5), 1e-5), r"weight must have shape \(4,\)"),
-        (lambda: rmsnorm_keep_input(ones(2, 4), ones(3), 1e-5), r"weight must have shape \(4,\)"),
-        (lambda: rope_qk(ones(1, 2, 3, 4), ones(1, 2, 3, 6), torch.arange(3), 1e4), "q and k must be"),
-        (lambda: rope_qk(ones(1, 2, 3, 5), ones(1, 2, 3, 5), torch.arange(3), 1e4), "even head dim"),
-        (lambda: rope_qk(ones(1, 2, 3, 4), ones(1, 2, 3, 4), torch.arange(4), 1e4), "positions must be"),
-        (lambda: swiglu(ones(2, 4), ones(6, 4), ones(6, 4), ones(6, 4)), "do not fit a SwiGLU"),
-        (lambda: fuse_block(TransformerBlock(8, 2, 16), ("norm", "qkv")), r"fusions must be among"),
-    ],
-    ids=["norm-shapes", "norm-weight", "norm1-weight", "rope-shapes", "rope-odd", "rope-positions", "swiglu",
-         "fusions"],
-)  # fmt: skip
-def test_bad_input_is_refused_by_name(call, message):
-    with pytest.raises(ValueError, match=message):
-        call()
 
 
 # ---------------------------------------------------------------------------------- whole blocks and models
@@ -222,8 +49,7 @@ def block_outputs(block, x, upstream):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("fusions", [FUSIONS, STEP_FUSIONS, ("rope",), ("norm",), ("swiglu",), ("ln1",)],
-                         ids="+".join)  # fmt: skip
+@pytest.mark.parametrize("fusions", [STEP_FUSIONS, ("rope",), ("norm",), ("swiglu",)], ids="+".join)
 def test_fused_block_matches_the_reference_block(fusions, dtype):
     """Every output and gradient (input and each parameter): fp32 equal to the unfused block to rounding,
     bf16 within the error budget of the unfused bf16 block against the block in float64."""
@@ -242,11 +68,45 @@ def test_fused_block_matches_the_reference_block(fusions, dtype):
             assert_error_budget(value, plain[name], expected[name], floor=1.0, slack=BF16_SLACK, name=name)
 
 
-def test_fused_block_keeps_names_and_recomputes():
-    """Parameter names are unchanged, and a fused block with its SwiGLU in a checkpoint wrapper (as the
-    checkpoint plan applies it) gives the same gradients as without."""
-    reference, fused = block_pair(FUSIONS, torch.float32)
-    assert [n for n, _ in fused.named_parameters()] == [n for n, _ in reference.named_parameters()]
+def test_fused_block_holds_the_same_parameters_under_the_same_names():
+    """The fused modules take over the reference modules' Parameter objects: names, order and shapes are
+    unchanged, and state dicts load strictly both ways (a fused block loaded from a reference block computes
+    what the reference does)."""
+    torch.manual_seed(7)
+    rope = RotaryEmbedding(10000.0, 16, 33)
+    block = TransformerBlock(48, 3, 97, rope)
+    params = dict(block.named_parameters())
+    shapes = {name: value.shape for name, value in block.state_dict().items()}
+    still_run = fuse_block(block)
+    assert (type(block.attn), type(block.ln2), type(block.ffn)) == (FusedRopeAttention, FusedAddRMSNorm,
+                                                                    FusedSwiGLU)  # fmt: skip
+    assert still_run == [block.ln1]
+    assert list(dict(block.named_parameters())) == list(params)
+    assert all(p is params[name] for name, p in block.named_parameters())
+    assert {name: value.shape for name, value in block.state_dict().items()} == shapes
+    reference = TransformerBlock(48, 3, 97, rope)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    block.load_state_dict(reference.state_dict(), strict=True)
+    TransformerBlock(48, 3, 97, rope).load_state_dict(block.state_dict(), strict=True)
+    x, positions = torch.randn(2, 33, 48), torch.arange(33)
+    with torch.no_grad():
+        assert_relative_error(block(x, positions), reference(x, positions), bound=1e-5, floor=1.0, name="out")
+
+
+def test_fuse_block_on_the_meta_device_allocates_nothing():
+    """As the step fuses its blocks: built on meta, fused, still on meta (materialized later, sharded)."""
+    with torch.device("meta"):
+        block = TransformerBlock(48, 3, 97, RotaryEmbedding(10000.0, 16, 33))
+    fuse_block(block)
+    assert isinstance(block.ffn, FusedSwiGLU) and all(p.is_meta for p in block.parameters())
+
+
+def test_fused_block_recomputes_its_swiglu():
+    """A fused block with its SwiGLU in a checkpoint wrapper (as the checkpoint plan applies it) gives the
+    same gradients as without."""
+    _, fused = block_pair(STEP_FUSIONS, torch.float32)
     x, upstream = torch.randn(2, 33, 48), torch.randn(2, 33, 48)
     kept = block_outputs(fused, x, upstream)
     fused.ffn = recomputed(fused.ffn)
@@ -254,6 +114,18 @@ def test_fused_block_keeps_names_and_recomputes():
     for name, value in kept.items():
         name_again = name.replace("ffn.", "ffn._checkpoint_wrapped_module.")
         assert_relative_error(again[name_again], value, bound=1e-6, floor=1.0, name=name)
+
+
+def test_fuse_block_refuses_bad_input_by_name_before_changing_anything():
+    block = TransformerBlock(8, 2, 16)
+    with pytest.raises(ValueError, match=r"fusions must be among .* got \['qkv'\]"):
+        fuse_block(block, ("norm", "qkv"))
+    with pytest.raises(TypeError, match="block must be a cs336_basics TransformerBlock, got SwiGLU"):
+        fuse_block(SwiGLU(8, 16))
+    block.ffn = recomputed(block.ffn)
+    with pytest.raises(TypeError, match=r"block.ffn must be a cs336_basics SwiGLU .* got CheckpointWrapper"):
+        fuse_block(block, FUSIONS)
+    assert type(block.attn) is not FusedRopeAttention and type(block.ln2) is not FusedAddRMSNorm
 
 
 def test_fused_model_matches_the_reference_model():

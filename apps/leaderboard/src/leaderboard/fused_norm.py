@@ -1,6 +1,4 @@
-"""The residual stream's RMSNorms with the residual's passes folded in.
-
-``add_rmsnorm``: the residual add and the RMSNorm after it as one compiled region,
+"""The residual add and the RMSNorm after it in one compiled region:
 ``(x, delta) -> (norm(x + delta), x + delta)``.
 
 In the reference block the sum ``x + attn(...)`` is its own pass (read two tensors, write one) and the
@@ -11,16 +9,14 @@ fewer in forward and two fewer in backward. Statistics in fp32 like ``cs336_basi
 returned in the input dtype; what backward keeps is the same as the reference's (the sum and the fp32
 reciprocal RMS per row).
 
-``rmsnorm_keep_input``: ``x -> (norm(x), x)`` for the block's first RMSNorm, whose input is also the
-residual. Returning the input through the same autograd node hands its straight-through gradient to the
-norm's backward, which adds it in its kernel instead of a separate pass summing the two gradients (read 2,
-write 1, less the one extra read: two passes fewer in backward). An autograd function around compiled
-forward and backward kernels, since a compiled region cannot return its input as a differentiable output.
+``FusedAddRMSNorm``: the ``cs336_basics.RMSNorm`` module whose ``add_and_norm`` (the slot the reference
+block calls for its second norm) is ``add_rmsnorm``.
 """
 
 from __future__ import annotations
 
 import torch
+from cs336_basics import RMSNorm
 from torch import Tensor
 
 
@@ -43,45 +39,9 @@ def add_rmsnorm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[T
     return _add_rmsnorm(x, delta, weight, eps)
 
 
-@torch.compile(fullgraph=True)
-def _rmsnorm_forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    x32 = x.float()
-    inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (x32 * inv_rms * weight.float()).to(x.dtype), inv_rms
+class FusedAddRMSNorm(RMSNorm):
+    """``cs336_basics.RMSNorm`` whose residual add and norm run as `add_rmsnorm` (its plain forward is the
+    reference's); made from a model's norm by ``leaderboard.adopt.adopt(FusedAddRMSNorm, norm)``."""
 
-
-@torch.compile(fullgraph=True)
-def _rmsnorm_backward(
-    grad: Tensor, grad_input: Tensor, x: Tensor, inv_rms: Tensor, weight: Tensor
-) -> tuple[Tensor, Tensor]:
-    """The gradient of x (plus ``grad_input``, the straight-through one) and of the gain."""
-    x32, g32 = x.float(), grad.float()
-    scaled = g32 * weight.float()
-    dot = (scaled * x32).mean(dim=-1, keepdim=True)
-    grad_x = inv_rms * scaled - x32 * inv_rms.pow(3) * dot + grad_input.float()
-    grad_weight = (g32 * x32 * inv_rms).flatten(0, -2).sum(0)
-    return grad_x.to(x.dtype), grad_weight.to(weight.dtype)
-
-
-class _RMSNormKeepInput(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        normed, inv_rms = _rmsnorm_forward(x, weight, eps)
-        ctx.save_for_backward(x, inv_rms, weight)
-        return normed, x  # the input, returned as a view of itself whose gradient comes back here
-
-    @staticmethod
-    def backward(ctx, grad: Tensor | None, grad_input: Tensor | None):
-        x, inv_rms, weight = ctx.saved_tensors
-        grad = torch.zeros_like(x) if grad is None else grad
-        grad_input = torch.zeros_like(x) if grad_input is None else grad_input
-        grad_x, grad_weight = _rmsnorm_backward(grad, grad_input, x, inv_rms, weight)
-        return grad_x, grad_weight, None
-
-
-def rmsnorm_keep_input(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """``(RMSNorm(x) * weight, x)`` for ``x (..., d)``, ``weight (d,)``: use the second result as the
-    residual, so both gradients of ``x`` are summed in the norm's backward kernel."""
-    if weight.shape != (x.shape[-1],):
-        raise ValueError(f"weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
-    return _RMSNormKeepInput.apply(x, weight, eps)
+    def add_and_norm(self, x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+        return add_rmsnorm(x, delta, self.weight, self.eps)

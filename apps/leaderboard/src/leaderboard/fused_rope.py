@@ -9,11 +9,15 @@ gradients of q and k need a copy each before the projections' matmuls, and the o
 match the output's layout. Here the rotation is written as pointwise products
 (``x * cos + swap_pairs(x) * sin * (-1, +1, ...)``), so the result has the strides of the input
 (pointwise results follow their inputs' layout) and both tensors come from one graph.
+
+``FusedRopeAttention``: the ``cs336_basics.CausalMultiHeadSelfAttention`` module whose ``rotate`` (the slot
+its forward calls to apply RoPE) is ``rope_qk``.
 """
 
 from __future__ import annotations
 
 import torch
+from cs336_basics import CausalMultiHeadSelfAttention
 from torch import Tensor
 
 
@@ -57,3 +61,12 @@ def rope_qk(q: Tensor, k: Tensor, positions: Tensor, theta: float) -> tuple[Tens
     seq_major = positions[(None,) * (3 - positions.ndim)].transpose(-2, -1)  # (batch or 1, seq, 1)
     q_rot, k_rot = _rope_qk_seq_major(q.transpose(-3, -2), k.transpose(-3, -2), seq_major, float(theta))
     return q_rot.transpose(-3, -2), k_rot.transpose(-3, -2)
+
+
+class FusedRopeAttention(CausalMultiHeadSelfAttention):
+    """``cs336_basics.CausalMultiHeadSelfAttention`` rotating q and k by `rope_qk` at its RoPE's ``theta``
+    (q, k: ``(batch, heads, seq, d_head)``); made from a model's attention by
+    ``leaderboard.adopt.adopt(FusedRopeAttention, attn)`` (same projections and parameter names)."""
+
+    def rotate(self, q: Tensor, k: Tensor, token_positions: Tensor) -> tuple[Tensor, Tensor]:
+        return rope_qk(q, k, token_positions, self.rope.theta)

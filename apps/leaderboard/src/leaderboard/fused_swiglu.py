@@ -6,11 +6,14 @@ matmuls and a third pass adding them. Here the second matmul accumulates into th
 (``addmm_`` with beta 1, an in-place GEMM epilogue): two ``(tokens, d_model)`` passes fewer. Saved for
 backward, as Inductor saves them: the input, ``a = W1 x``, ``b = W3 x`` and ``silu(a) * b``. The pointwise
 parts are compiled; the matmuls are torch's (cuBLAS). Pointwise math in fp32, results in the input dtype.
+
+``FusedSwiGLU``: the ``cs336_basics.SwiGLU`` module computing its forward with ``swiglu``.
 """
 
 from __future__ import annotations
 
 import torch
+from cs336_basics import SwiGLU
 from torch import Tensor
 
 
@@ -61,3 +64,11 @@ def swiglu(x: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
         dtypes = ", ".join(str(t.dtype) for t in (x, w1, w3, w2))
         raise ValueError(f"x and the weights must share a dtype, got {dtypes}")
     return _SwiGLU.apply(x, w1, w3, w2)
+
+
+class FusedSwiGLU(SwiGLU):
+    """``cs336_basics.SwiGLU`` through `swiglu`, on its own ``w1``, ``w3``, ``w2``; made from a model's
+    SwiGLU by ``leaderboard.adopt.adopt(FusedSwiGLU, ffn)`` (same layers and parameter names)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return swiglu(x, self.w1.weight, self.w3.weight, self.w2.weight)
