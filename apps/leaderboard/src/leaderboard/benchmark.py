@@ -17,9 +17,8 @@ from parallel.heartbeat import beat
 
 from .build import build_trainer
 from .metrics import GIB, StepRecord, format_step, median_seconds, peak_memory_gib, throughput
-from .ranks import max_over_ranks, mean_over_ranks, rank_rows
+from .ranks import max_over_ranks, mean_over_ranks, random_batch, rank_rows
 from .recipe import Recipe
-from .trainer import random_batch
 
 
 def run_benchmark(

@@ -28,9 +28,9 @@ from torch import Tensor
 from .build import build_trainer
 from .check_memory import plan_check
 from .checkpoint_plan import available_bytes
-from .ranks import mean_over_ranks, rank_rows
+from .ranks import mean_over_ranks, random_batch, rank_rows
 from .recipe import Recipe
-from .trainer import Trainer, random_batch
+from .trainer import Trainer
 
 # metric -> (fp32 absolute limit, bf16 floor over twice the baseline's error, bf16 absolute cap)
 TOLERANCES = {

@@ -1,4 +1,4 @@
-"""Values agreed over the ranks of the process group, and each rank's rows of a global batch."""
+"""Values agreed over the ranks of the process group; the benchmark's global batch and each rank's rows."""
 
 from __future__ import annotations
 
@@ -25,3 +25,12 @@ def rank_rows(batch: int, rank: int, world_size: int) -> slice:
     """This rank's rows of a global batch of ``batch`` sequences (the same batch on any number of ranks)."""
     per_rank = batch // world_size
     return slice(rank * per_rank, (rank + 1) * per_rank)
+
+
+def random_batch(
+    vocab_size: int, batch: int, seq: int, seed: int, device: torch.device | str
+) -> tuple[Tensor, Tensor]:
+    """Token ids and next-token targets ``(batch, seq)``, uniform over the vocabulary, fixed by ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (batch, seq + 1), generator=generator)
+    return ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)

@@ -100,12 +100,3 @@ class Trainer:
 
     def load_parameters(self, state: dict[str, Tensor]) -> None:
         self.sharded.load_full_parameters(state)
-
-
-def random_batch(
-    vocab_size: int, batch: int, seq: int, seed: int, device: torch.device | str
-) -> tuple[Tensor, Tensor]:
-    """Token ids and next-token targets ``(batch, seq)``, uniform over the vocabulary, fixed by ``seed``."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab_size, (batch, seq + 1), generator=generator)
-    return ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)
