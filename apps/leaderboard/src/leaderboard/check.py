@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .build import build_trainer
 from .check_memory import plan_check
-from .checkpoint_plan import available_bytes
+from .measured_plan import available_bytes
 from .ranks import mean_over_ranks, random_batch, rank_rows
 from .recipe import Recipe
 from .trainer import Trainer

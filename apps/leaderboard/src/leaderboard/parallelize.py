@@ -22,8 +22,9 @@ from cs336_basics import BasicsTransformerLM, ModelConfig, TransformerBlock
 from torch import nn
 
 from .attention import AttentionFn
-from .checkpoint_plan import CheckpointPlan, auto_plan
+from .checkpoint_plan import CheckpointPlan
 from .fused_block import fuse_block
+from .measured_plan import auto_plan
 from .recipe import Recipe
 from .sharding import FlatUnitsModel, Fsdp2Model, ShardedModel, fsdp2_shard_bytes, materialize, shard_fsdp2
 

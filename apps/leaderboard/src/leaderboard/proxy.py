@@ -3,7 +3,7 @@
 A rank of the N-rank step runs every block on its own sequence and holds 1/N of the fp32 training state
 (parameters, gradients, two AdamW moments: 16 bytes per parameter). The proxy runs ``L / N`` of the
 ``L`` blocks, unsharded, on one sequence: every block does the same work on the same shapes, and the
-planner plans the rank (``checkpoint_plan.auto_plan``): the rank's fp32 shard, every proxy block standing
+planner plans the rank (``measured_plan.auto_plan``): the rank's fp32 shard, every proxy block standing
 for N blocks of the rank, the memory the rank would have once its shard exists.
 
 The proxy's own state differs from the rank's: it holds all of the embedding and the LM head (which the
