@@ -411,27 +411,35 @@ def ddp_targets() -> str:
         ("bucketed", "BucketedDDP", 1.02, why_bucketed),
         ("ddp", "DDP (per-parameter overlap)", 1.10, why_ddp),
     ):
-        target = f"{name} step ≤ {limit:.2f}x torch DDP's"
+        value = f"step ≤ {limit:.2f}x torch DDP's"
         fp32 = _vs_torch(DDP_FP32, variant)
-        rows.append([f"{target}, FP32, 25 MiB", why, f"{fp32:.3f}", device, _verdict([fp32], limit)])
+        rows.append([f"{name}, FP32, 25 MiB", value, why, f"{fp32:.3f}", device, _verdict([fp32], limit)])
         bf16 = _ratios(variant)
         measured = " / ".join(f"{r:.3f}" for r in bf16) + f" (mean {sum(bf16) / len(bf16):.3f})"
         runs = "runs 1-4" if len(bf16) == 4 else "runs 1-3"
         rows.append(
-            [f"{target}, BF16 autocast, 25 MiB, {runs}", "as above", measured, device, _verdict(bf16, limit)]
+            [
+                f"{name}, BF16 autocast, 25 MiB, {runs}",
+                value,
+                "as above",
+                measured,
+                device,
+                _verdict(bf16, limit),
+            ]
         )
         at_100 = _vs_torch(DDP_100MIB, variant)
         if at_100 is not None:
             rows.append(
                 [
-                    f"{target}, BF16, 100 MiB for both",
+                    f"{name}, BF16, 100 MiB for both",
+                    value,
                     "like with like at a larger cap",
                     f"{at_100:.3f}",
                     device,
                     _verdict([at_100], limit),
                 ]
             )
-    return table(["target", "why", "measured", "device, date", "verdict"], rows, [False] * 5)
+    return table(["target", "value", "why", "measured", "device, date", "verdict"], rows, [False] * 6)
 
 
 def _printed_table(path: str, first: int = 0) -> pd.DataFrame:
