@@ -230,7 +230,7 @@ def _replicated_grads_and_eval(rank, world_size):
         fsdp(x)
     cross_entropy(fsdp(x), y).backward()
     fsdp.finish_gradient_synchronization()
-    gathered_left = [u.state for u in fsdp._units if u.state != "free"]
+    gathered_left = fsdp.gathered_units()
     return [p.grad.numpy() for p in fsdp.replicated_parameters()], gathered_left
 
 

@@ -24,8 +24,12 @@ when unit i's forward starts, unit i+1's gather is issued (if not yet); when it 
 gather of a unit is ensured when the gradient reaches its output, the next one prefetched, and when the
 unit's gradient is complete its weights are freed, the gather two ahead issued and its gradient
 reduce-scattered (cast to ``reduce_dtype``, default fp32, averaged) on the side stream, accumulating into
-``shard.grad`` (fp32, the shard's shape). The last unit of the forward stays gathered for the backward
-that follows.
+``shard.grad`` (fp32, the shard's shape).
+``reshard_after_forward`` says which units are freed after their forward: ``"except_last"`` (default) all
+but the last unit of the forward, whose backward comes first; ``True`` every unit (the last one is gathered
+again at once by the backward); ``False`` none: every unit stays gathered from its forward until its
+gradient is complete (no gathers in backward, at the memory of the whole model in ``compute_dtype``).
+A forward without gradients (evaluation) frees every unit after its use.
 ``finish_gradient_synchronization()`` makes the compute stream wait for all of it (no host synchronization).
 
 Stream safety. Every batch of side-stream work starts by waiting for the compute stream, and the compute
@@ -55,14 +59,24 @@ over every shard (one all-reduce of a scalar) and the replicated gradients, and 
 Sharded checkpoints: ``parallel.checkpoint.save_sharded`` / ``load_sharded`` (every rank writes its slices of
 each parameter and of the optimizer state; loadable on any world size and into a plain module).
 
+Compiled blocks. A unit's module compiled in place (``block.compile()``, before or after wrapping) or
+replaced by ``torch.compile(block)`` before wrapping works: the hooks that gather a unit and set its weight
+views run outside the compiled region (``torch.compiler.disable``, as torch's ``fully_shard`` does), so the
+compiled graph reads the views as inputs and recompiles nothing from step to step.
+
 Agreement. Collectives are matched by order, so every rank must run the same units in the same order and
-produce the same gradients. Before each gather, reduce-scatter and all-reduce the ranks compare what they are
-about to issue (``parallel.lockstep``: one 16-byte all-reduce in a gloo group, no device synchronization), and
-``finish_gradient_synchronization()`` checks that none has one left and that the module gained no trainable
-parameter after wrapping: a module run, or a gradient produced, on some ranks only raises ``RuntimeError`` on
-every rank naming the unit's parameters and what each rank was about to do, instead of a hang. A unit or
-replicated parameter that gets no gradient on any rank is fine: nothing is reduced, its gradient stays as it
-was.
+produce the same gradients. The ranks compare what they are about to issue (``parallel.lockstep``: a 32-byte
+all-reduce in a gloo group, no device synchronization), and ``finish_gradient_synchronization()`` checks
+that none has one left and that the module gained no trainable parameter after wrapping: a module run, or a
+gradient produced, on some ranks only raises ``RuntimeError`` on every rank naming the unit's parameters and
+what each rank was about to do, instead of a hang. ``check_lockstep`` says when: ``"on_change"`` (default)
+before every collective of the first step, and of every forward/backward whose collectives differ from the
+last checked one of its kind (training, accumulation in ``no_sync()``, evaluation), plus once at the end of
+each step, a digest of all its collectives; ``"always"`` before every collective (one host round trip
+each); ``"never"`` not at all. Under ``"on_change"`` a divergence of some ranks only from a step that all
+ran before is caught at the end of the step if the mismatched collectives complete, and may hang
+otherwise: run with ``"always"`` to find it. A unit or replicated parameter that gets no gradient on any
+rank is fine: nothing is reduced, its gradient stays as it was.
 
 Limits: one process per device in the default process group; the FSDP wrapper is the root module
 (``state_dict`` / ``load_state_dict`` use the wrapped module's parameter names, full fp32 tensors on CPU) and
@@ -76,31 +90,28 @@ the first unit; it stays gathered from its last forward use until its gradient i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+import os
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from parallel.consistency import check_same_model
-from parallel.fsdp_schedule import GatherSchedule
+from parallel.fsdp_schedule import RESHARD_CHOICES, GatherSchedule, ScheduleOptions, Streams
 from parallel.fsdp_state import FullState
-from parallel.fsdp_units import Unit, UnitLayout
+from parallel.fsdp_units import Layout, Piece, Placement, build_layout
 from parallel.grad_norm import clip_sharded_
 from parallel.grad_presence import GradPresence
-from parallel.lockstep import Lockstep
+from parallel.lockstep import MODES, Lockstep
 
 __all__ = ["FSDP"]
 
 GatherObserver = Callable[[int, str, "torch.cuda.Event"], None]
 
 
-def _require_process_group() -> None:
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("FSDP needs an initialized default process group (init_process_group)")
-
-
-class FSDP(UnitLayout, GatherSchedule, FullState, nn.Module):
+class FSDP(nn.Module):
     """Shard ``module``'s weights over the default process group (see the module docstring).
 
     ``compute_dtype``: dtype of gathered weights and hence of the forward/backward math (None: fp32).
@@ -108,6 +119,9 @@ class FSDP(UnitLayout, GatherSchedule, FullState, nn.Module):
     gradient reduce-scatter (None: ``compute_dtype``). ``prefetch``: how many units ahead gathers run (0: on
     demand). ``seed``: initialization seed for a meta-device ``module``. ``device``: where shards and
     computation live (default: the current CUDA device under NCCL, else the CPU).
+    ``reshard_after_forward``: ``"except_last"`` (default), ``True`` or ``False``: which units are freed after
+    their forward. ``check_lockstep``: ``"on_change"`` (default), ``"always"`` or ``"never"``: when the ranks
+    check that they issue the same collectives.
     """
 
     def __init__(
@@ -119,75 +133,41 @@ class FSDP(UnitLayout, GatherSchedule, FullState, nn.Module):
         prefetch: int = 2,
         seed: int = 0,
         device: torch.device | str | None = None,
+        *,
+        reshard_after_forward: bool | str = "except_last",
+        check_lockstep: str = "on_change",
     ):
         super().__init__()
-        _require_process_group()
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        unit_modules = tuple(unit_modules)
-        if not all(isinstance(c, type) and issubclass(c, nn.Module) for c in unit_modules):
-            raise TypeError(f"unit_modules must be nn.Module subclasses, got {unit_modules!r}")
-        for name, dtype in (("compute_dtype", compute_dtype), ("reduce_dtype", reduce_dtype)):
-            if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-                raise ValueError(f"{name} must be a floating-point torch.dtype or None, got {dtype!r}")
-        if not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch must be a non-negative int, got {prefetch!r}")
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("FSDP needs an initialized default process group (init_process_group)")
+        unit_modules = _checked_arguments(module, unit_modules, compute_dtype, reduce_dtype, prefetch,
+                                          reshard_after_forward, check_lockstep)
         self.module = module
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self._nccl = dist.get_backend() == "nccl"
-        self.device = torch.device(device) if device is not None else (
-            torch.device("cuda", torch.cuda.current_device()) if self._nccl else torch.device("cpu"))
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be a CPU or CUDA device, got device={self.device}")
-        if self._nccl and self.device.type != "cuda":
-            raise ValueError(f"the NCCL backend needs a CUDA device, got device={self.device}")
+        self.device = _device_of(device)
         check_same_model(module, "FSDP", self.device)
         self.compute_dtype = compute_dtype or torch.float32
         self.reduce_dtype = reduce_dtype or self.compute_dtype
         self.prefetch = prefetch
-        self._sync_enabled = True
-        self._gather_observers: list[GatherObserver] = []
-        cuda = self.device.type == "cuda"
-        self._comm_stream = torch.cuda.Stream(self.device) if cuda else None
-        self._compute_stream = torch.cuda.current_stream(self.device) if cuda else None
+        self.reshard_after_forward, self.check_lockstep = reshard_after_forward, check_lockstep
 
-        self._param_names = self._record_names()
-        groups, replicated = self._group_parameters(unit_modules)
-        self.shards = nn.ParameterList()
-        self._units: list[Unit] = []
-        self._unit_originals: list[list[Tensor]] = []  # each unit's parameters as the module held them
-        for index, (root, params) in enumerate(groups):
-            unit = self._build_unit(index, root, params, seed)
-            self._units.append(unit)
-            self._unit_originals.append(params)
-            self.shards.append(unit.shard)
-        self._replicated_originals = replicated
-        self._replicated = self._materialize_replicated(replicated, seed + len(groups))
-        self._check_buffers()
-        self._register_hooks()
-        self._lockstep = Lockstep("FSDP")
-        self._added = GradPresence("FSDP", module, self._replicated)  # finds parameters added after wrapping
+        placement = Placement(self.device, self.rank, self.world_size)
+        layout = build_layout(module, unit_modules, placement, self.compute_dtype, seed)
+        self.shards = nn.ParameterList(unit.shard for unit in layout.units)
+        self._layout, self._param_names = layout, layout.param_names
+        streams = Streams(self.device)
+        options = ScheduleOptions(self.compute_dtype, self.reduce_dtype, prefetch, reshard_after_forward)
+        self._schedule = GatherSchedule(layout, streams, options, Lockstep("FSDP", check_lockstep))
+        _register_hooks(self._schedule, layout)
+        self._full_state = FullState(module, layout, placement, streams.comm)
+        self._added = GradPresence("FSDP", module, layout.replicated)  # finds parameters added after wrapping
 
-        self._forward_order: list[Unit] = []
-        self._plan: list[Unit] = []  # the previous forward's unit order
-        self._plan_ok = False
-        self._backward_plan: list[Unit] = []
-        self._backward_count = 0
-
-    # ----------------------------------------------------------------------------------------- public
+    # ----------------------------------------------------------------------------------------- training
     def forward(self, *args, **kwargs):
         """The wrapped module's forward; its units are gathered and freed around their use."""
-        if self._compute_stream is not None:
-            self._compute_stream = torch.cuda.current_stream(self.device)
-        for unit in self._units:  # leftovers of a forward without backward (weights may have changed since)
-            self._free(unit)
-        self._plan, self._forward_order = self._forward_order or self._plan, []
-        self._plan_ok = bool(self._plan)
-        for unit in self._units:
-            unit.backward_done, unit.backward_position = False, -1
+        self._schedule.begin_forward()
         output = self.module(*args, **kwargs)
-        self._backward_plan = self._forward_order[::-1]
-        self._backward_count = 0
+        self._schedule.end_forward()
         return output
 
     def finish_gradient_synchronization(self) -> None:
@@ -197,21 +177,18 @@ class FSDP(UnitLayout, GatherSchedule, FullState, nn.Module):
         over ranks, and each replicated parameter's ``.grad`` the average. Raises ``RuntimeError`` on every
         rank if a rank still has a collective to issue, or the module gained a parameter after wrapping.
         """
-        self._agree_on_finish()
-        if self._comm_stream is not None:
-            self._compute_stream.wait_stream(self._comm_stream)
-        for unit in self._units:
-            self._free(unit)
+        checked = self.world_size > 1 and self.check_lockstep != "never"
+        self._schedule.end_step(self._added.added_parameters() if checked else [])
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate locally (one full-size gradient per unit, see the module
         docstring); the next backward outside reduces the sum once."""
-        previous, self._sync_enabled = self._sync_enabled, False
+        previous, self._schedule.sync_enabled = self._schedule.sync_enabled, False
         try:
             yield
         finally:
-            self._sync_enabled = previous
+            self._schedule.sync_enabled = previous
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
@@ -222,14 +199,15 @@ class FSDP(UnitLayout, GatherSchedule, FullState, nn.Module):
         """
         self.finish_gradient_synchronization()
         return clip_sharded_([s.grad for s in self.shards if s.grad is not None],
-                             [p.grad for p in self._replicated if p.grad is not None], max_norm, norm_type)
+                             [p.grad for p in self._layout.replicated if p.grad is not None], max_norm,
+                             norm_type)
 
     def register_gather_observer(self, observer: GatherObserver) -> None:
         """Call ``observer(unit_index, phase, ready_event)`` whenever the compute stream is about to wait for
         a unit's gather (``phase``: "forward" or "backward"; CUDA only, the event records with timing)."""
         if self.device.type != "cuda":
             raise ValueError(f"gather observers time CUDA streams; device {self.device} has none")
-        self._gather_observers.append(observer)
+        self._schedule.gather_observers.append(observer)
 
     def flat_shards(self) -> list[nn.Parameter]:
         """This rank's fp32 shard of every unit (1-D; unit padded to a multiple of the world size)."""
@@ -237,4 +215,107 @@ class FSDP(UnitLayout, GatherSchedule, FullState, nn.Module):
 
     def replicated_parameters(self) -> list[nn.Parameter]:
         """The parameters every rank holds whole (norm gains)."""
-        return list(self._replicated)
+        return list(self._layout.replicated)
+
+    def gathered_units(self) -> list[int]:
+        """Indices of the units whose full weights are gathered (or being gathered) now."""
+        return [unit.index for unit in self._layout.units if unit.state != "free"]
+
+    # ------------------------------------------------------------------------------------- full state
+    def gather_full_params(self, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        """Every parameter of the wrapped module in full fp32, named as in ``module.named_parameters()``.
+
+        Collective: call on every rank. Tied parameters appear once, under their first name.
+        """
+        return self._full_state.gather_full_params(device)
+
+    def gather_full_grads(self, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        """Every parameter's averaged gradient in full fp32 (zeros where none), named and deduplicated as
+        in :meth:`gather_full_params`; call after ``finish_gradient_synchronization``, on every rank."""
+        return self._full_state.gather_full_grads(device)
+
+    def flat_pieces(self) -> dict[Tensor, list[Piece]]:
+        """For every parameter an optimizer of this wrapper steps (shards, replicated parameters): which of
+        its flattened elements hold which elements of which named parameter (tied: under the first name)."""
+        return self._full_state.flat_pieces()
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
+        """Full fp32 state of the wrapped module (CPU tensors, its own key names, tied keys included).
+
+        Collective: call on every rank; a plain ``module.load_state_dict`` accepts it.
+        """
+        return self._full_state.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+
+    def load_state_dict(self, state_dict: Mapping[str, Tensor], strict: bool = True, assign: bool = False):
+        """Load a full state dict (from ``state_dict()`` on any number of ranks, or a plain module's): every
+        rank keeps its slice of each unit; replicated parameters and buffers are copied whole."""
+        return self._full_state.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def save_full_state_dict(self, path: str | os.PathLike) -> None:
+        """Gather the full state (collective) and write it from rank 0 to ``<path>.partial``, then rename."""
+        self._full_state.save_full_state_dict(path)
+
+    def load_full_state_dict(self, path: str | os.PathLike, strict: bool = True):
+        """Read a file written by :meth:`save_full_state_dict` (on any number of ranks) into the shards."""
+        return self._full_state.load_full_state_dict(path, strict=strict)
+
+
+def _checked_arguments(module, unit_modules, compute_dtype, reduce_dtype, prefetch, reshard_after_forward,
+                       check_lockstep) -> tuple[type[nn.Module], ...]:
+    """Raise naming the first bad constructor argument; return ``unit_modules`` as a tuple."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    unit_modules = tuple(unit_modules)
+    if not all(isinstance(c, type) and issubclass(c, nn.Module) for c in unit_modules):
+        raise TypeError(f"unit_modules must be nn.Module subclasses, got {unit_modules!r}")
+    for name, dtype in (("compute_dtype", compute_dtype), ("reduce_dtype", reduce_dtype)):
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"{name} must be a floating-point torch.dtype or None, got {dtype!r}")
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+        raise ValueError(f"prefetch must be a non-negative int, got {prefetch!r}")
+    if not any(reshard_after_forward is c if isinstance(c, bool) else reshard_after_forward == c
+               for c in RESHARD_CHOICES):
+        raise ValueError(f"reshard_after_forward must be True, False or 'except_last', got "
+                         f"{reshard_after_forward!r}")
+    if check_lockstep not in MODES:
+        raise ValueError(f"check_lockstep must be one of {', '.join(map(repr, MODES))}, "
+                         f"got {check_lockstep!r}")
+    return unit_modules
+
+
+def _device_of(device: torch.device | str | None) -> torch.device:
+    """``device``, or the default: the current CUDA device under NCCL, else the CPU."""
+    nccl = dist.get_backend() == "nccl"
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be a CPU or CUDA device, got device={device}")
+    if nccl and device.type != "cuda":
+        raise ValueError(f"the NCCL backend needs a CUDA device, got device={device}")
+    return device
+
+
+def _register_hooks(schedule: GatherSchedule, layout: Layout) -> None:
+    """Drive ``schedule`` from module hooks around each use of a unit and gradient hooks.
+
+    The module hooks run outside any compiled region (``torch.compiler.disable``): they issue collectives
+    and set the weight views, which a compiled block then reads as graph inputs. Tensor hooks live where
+    Python's garbage collector cannot follow them (autograd's C++ side), so a hook that held the schedule
+    strongly would keep every shard alive after the wrapper is dropped: they hold a weak reference and an
+    index instead.
+    """
+    pre_forward = torch.compiler.disable(lambda use: schedule.pre_forward(use))
+    post_forward = torch.compiler.disable(lambda use, output: schedule.post_forward(use, output))
+    for unit in layout.units:
+        for use in unit.uses:
+            use.module.register_forward_pre_hook(lambda m, args, use=use: pre_forward(use))
+            use.module.register_forward_hook(lambda m, args, out, use=use: post_forward(use, out))
+    this = weakref.ref(schedule)
+    for unit in layout.units:
+        if unit.shard.requires_grad:
+            unit.full_param.register_post_accumulate_grad_hook(
+                lambda t, index=unit.index: this().on_grad_ready(this().units[index]))
+    for i, p in enumerate(layout.replicated):
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda t, i=i: this().on_replicated_grad(i))

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from parallel.consistency import all_ranks_ok
-from parallel.fsdp_units import Piece, Unit
+from parallel.fsdp_units import Layout, Piece, Placement, Unit
 
 
 def persistent_buffers(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -23,7 +23,15 @@ def persistent_buffers(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 
 class FullState:
-    """Full-tensor views of FSDP's shards (a mixin of FSDP)."""
+    """Full-tensor views of FSDP's shards: gathered values and gradients, state dicts, files.
+
+    ``comm_stream``: the side stream whose reductions must be finished before shards are read (CUDA).
+    """
+
+    def __init__(self, module: nn.Module, layout: Layout, placement: Placement,
+                 comm_stream: torch.cuda.Stream | None):
+        self.module, self.layout, self.placement = module, layout, placement
+        self._comm_stream = comm_stream
 
     @torch.no_grad()
     def _gather_unit_fp32(self, unit: Unit, grads: bool = False) -> Tensor:
@@ -31,7 +39,7 @@ class FullState:
         local = unit.shard.detach()
         if grads:
             local = unit.shard.grad if unit.shard.grad is not None else torch.zeros_like(local)
-        full = torch.empty(unit.padded_numel, dtype=torch.float32, device=self.device)
+        full = torch.empty(unit.padded_numel, dtype=torch.float32, device=self.placement.device)
         dist.all_gather_into_tensor(full, local.float())
         return full
 
@@ -52,27 +60,29 @@ class FullState:
     def flat_pieces(self) -> dict[Tensor, list[Piece]]:
         """For every parameter an optimizer of this wrapper steps (shards, replicated parameters): which of
         its flattened elements hold which elements of which named parameter (tied: under the first name)."""
-        first = {}
-        for name, p in self._param_names:
-            first.setdefault(p, name)
+        first = self.layout.first_names()
         pieces: dict[Tensor, list[Piece]] = {}
-        for unit, params in zip(self._units, self._unit_originals, strict=True):
+        for unit in self.layout.units:
             n = unit.shard.numel()
-            lo, hi = self.rank * n, (self.rank + 1) * n
+            lo, hi = self.placement.rank * n, (self.placement.rank + 1) * n
             found = []
-            for i, p in enumerate(params):
+            for i, p in enumerate(unit.originals):
                 start, numel = unit.offsets[i], unit.shapes[i].numel()
                 a, b = max(lo, start), min(hi, start + numel)
                 if a < b:
                     found.append(Piece(first[p], a - lo, b - lo, a - start, numel))
             pieces[unit.shard] = found
-        for p, current in zip(self._replicated_originals, self._replicated, strict=True):
+        for p, current in self._replicated_pairs():
             pieces[current] = [Piece(first[p], 0, current.numel(), 0, current.numel())]
         return pieces
 
+    def _replicated_pairs(self) -> Iterator[tuple[Tensor, nn.Parameter]]:
+        """(original, current) of every replicated parameter."""
+        return zip(self.layout.replicated_originals, self.layout.replicated, strict=True)
+
     def _by_name(self, values: dict[Tensor, Tensor]) -> dict[str, Tensor]:
         out, seen = {}, set()
-        for name, p in self._param_names:
+        for name, p in self.layout.param_names:
             if p not in seen:
                 seen.add(p)
                 out[name] = values[p]
@@ -81,14 +91,14 @@ class FullState:
     def _full_values(self, device, grads: bool = False) -> dict[Tensor, Tensor]:
         """Original parameter object -> full fp32 value (or gradient) on ``device``."""
         if self._comm_stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self._comm_stream)
+            torch.cuda.current_stream(self.placement.device).wait_stream(self._comm_stream)
         values: dict[Tensor, Tensor] = {}
-        for unit, params in zip(self._units, self._unit_originals, strict=True):
+        for unit in self.layout.units:
             full = self._gather_unit_fp32(unit, grads)
-            for i, p in enumerate(params):
+            for i, p in enumerate(unit.originals):
                 off = unit.offsets[i]
                 values[p] = full[off:off + unit.shapes[i].numel()].view(unit.shapes[i]).to(device, copy=True)
-        for p, current in zip(self._replicated_originals, self._replicated, strict=True):
+        for p, current in self._replicated_pairs():
             value = current.grad if grads else current.detach()
             if value is None:
                 value = torch.zeros_like(current)
@@ -105,7 +115,7 @@ class FullState:
             raise TypeError("FSDP.state_dict takes keyword arguments only (destination, prefix, keep_vars)")
         destination = {} if destination is None else destination
         values = self._full_values("cpu")
-        for name, p in self._param_names:
+        for name, p in self.layout.param_names:
             destination[prefix + name] = values[p]
         for name, b in persistent_buffers(self.module):
             destination[prefix + name] = b.detach().cpu().clone()
@@ -120,20 +130,21 @@ class FullState:
         if assign:
             raise ValueError("FSDP.load_state_dict copies into the shards; assign=True is not supported")
         buffers = dict(persistent_buffers(self.module))
-        expected = [name for name, _ in self._param_names] + list(buffers)
+        expected = [name for name, _ in self.layout.param_names] + list(buffers)
         missing = [k for k in expected if k not in state_dict]
         unexpected = [k for k in state_dict if k not in set(expected)]
         if strict and (missing or unexpected):
             raise RuntimeError(f"FSDP.load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         first_name = {}
-        for name, p in self._param_names:
+        for name, p in self.layout.param_names:
             if name in state_dict:
                 first_name.setdefault(p, name)
-        for unit, params in zip(self._units, self._unit_originals, strict=True):
-            if not any(p in first_name for p in params):
+        rank = self.placement.rank
+        for unit in self.layout.units:
+            if not any(p in first_name for p in unit.originals):
                 continue
             full = self._gather_unit_fp32(unit)  # keeps parameters absent from the state dict as they are
-            for i, p in enumerate(params):
+            for i, p in enumerate(unit.originals):
                 if p in first_name:
                     value = state_dict[first_name[p]]
                     if value.shape != unit.shapes[i]:
@@ -142,8 +153,8 @@ class FullState:
                     off = unit.offsets[i]
                     full[off:off + value.numel()].copy_(value.reshape(-1))
             n = unit.shard.numel()
-            unit.shard.copy_(full[self.rank * n:(self.rank + 1) * n])
-        for p, current in zip(self._replicated_originals, self._replicated, strict=True):
+            unit.shard.copy_(full[rank * n:(rank + 1) * n])
+        for p, current in self._replicated_pairs():
             if p in first_name:
                 current.copy_(state_dict[first_name[p]])
         for name, b in buffers.items():
@@ -159,7 +170,7 @@ class FullState:
         """
         state = self.state_dict()
         failure = None
-        if self.rank == 0:
+        if self.placement.rank == 0:
             tmp = f"{os.fspath(path)}.partial"
             try:
                 torch.save(state, tmp)
