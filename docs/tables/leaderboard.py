@@ -1,5 +1,8 @@
-"""Generated blocks of docs/leaderboard.md: the ablation of leaderboard-8b, the large-8k analogue and the
-single-GPU proxy's runs."""
+"""Generated blocks of docs/leaderboard.md (the 2-GPU result and ablation of leaderboard-8b, the large-8k
+analogue, the single-GPU proxy) and, with ``python -m docs.tables.leaderboard``, its loss-curve figures.
+
+``python -m docs.tables.leaderboard`` redraws ``docs/figures/leaderboard-train-*.png`` from the training runs'
+``losses.csv`` (titled with what ran, the device and the date); it rewrites no Markdown."""
 
 from __future__ import annotations
 
@@ -138,7 +141,27 @@ def result() -> str:
     return table(cols, rows)
 
 
-PROXY = "docs/data/leaderboard-proxy-8b-h200-2026-12-01"  # + "" (12:10 UTC) or "b" (15:05 UTC)
+@block("leaderboard.recipe-fields")
+def recipe_fields() -> str:
+    """Every recipe field: its ``--set`` path, its plain (flat) name and its value in each recipe."""
+    import dataclasses
+
+    from leaderboard.recipe import SECTIONS
+    from leaderboard.recipes import RECIPES, get_recipe
+
+    recipes = {name: get_recipe(name).flat() for name in RECIPES}
+    rows = []
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            path, plain = f"{section}.{f.name}", f.metadata.get("alias", f.name)
+            alias = f"`{plain}`" + (" (renamed)" if plain != f.name else "")
+            rows.append([f"`{path}`", alias, *(f"{recipes[name][path]}" for name in RECIPES)])
+    columns = ["`--set` path", "plain name (alias)", *(f"`{name}`" for name in RECIPES)]
+    return table(columns, rows, [False] * len(columns))
+
+
+PROXY_RUN = "docs/runs/2026-12-01-leaderboard-proxy/raw/"
+PROXY = PROXY_RUN + "leaderboard-proxy-8b-h200-2026-12-01"  # + "" (12:10 UTC) or "b" (15:05 UTC)
 
 
 def _proxy_table(run: str) -> str:
@@ -170,13 +193,45 @@ def _proxy_table(run: str) -> str:
     return table(cols, rows)
 
 
-@block("leaderboard.proxy-first")
-def proxy_first() -> str:
-    """12:10 UTC: 24 GiB headroom, ``ln1`` compiled, the offload tier before its density fix."""
-    return _proxy_table("")
-
-
 @block("leaderboard.proxy")
 def proxy() -> str:
     """The current code: ``ln1`` compiled again, the offload tier copying each storage once (32 GiB)."""
     return _proxy_table("b")
+
+
+TRAINING_RUN = "docs/runs/2026-12-01-leaderboard-training/raw/"
+# figure name -> (run folder under TRAINING_RUN, title)
+LOSS_FIGURES = {
+    "leaderboard-train-large-8k-h200-300.png": (
+        "leaderboard-train-large-8k-h200-300",
+        "large-8k (0.97 B, context 8192, batch 2) trained 300 steps on Python sources as bytes\n"
+        "1 x NVIDIA H200, torch 2.11.0, 2026-12-01",
+    ),
+    "leaderboard-train-tiny-cpu.png": (
+        "leaderboard-train-tiny-cpu",
+        "tiny (context 128, batch 4) trained 300 steps on Python sources as bytes\n"
+        "CPU, 2 gloo ranks, torch 2.11.0, 2026-12-01",
+    ),
+}
+
+
+def draw_loss_figures() -> list[str]:
+    """Redraw the loss curves of docs/leaderboard.md from their runs' ``losses.csv``; the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from leaderboard.report import loss_curve
+
+    written = []
+    for name, (run, title) in LOSS_FIGURES.items():
+        history = read_csv(TRAINING_RUN + run + "/losses.csv")
+        fig = loss_curve(history, title)
+        path = ROOT / "docs/figures" / name
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        written.append(str(path.relative_to(ROOT)))
+    return written
+
+
+if __name__ == "__main__":
+    for written in draw_loss_figures():
+        print(f"wrote {written}")
