@@ -41,7 +41,7 @@ def ablation() -> str:
         else:
             gain = "" if before is None else _gain(s, before)
             before = s
-        label = r["step"] + (" = **the default**" if r["step"] == DEFAULT else "")
+        label = r["step"] + (" = **the default of 2026-11-29**" if r["step"] == DEFAULT else "")
         peak = f"{num(r['peak GiB/GPU'])} / {num(reserved[r['step']])}"
         rows.append(
             [
@@ -123,8 +123,9 @@ def result() -> str:
     labels = [
         f"baseline: torch FSDP2, SDPA cuDNN, every block checkpointed, fused torch AdamW (ablation, "
         f"{_measured(baseline)} measured steps)",
-        f"**optimized, the default `train.py`** (same process, {_measured(runs[DEFAULT])} measured steps)",
-        f"the default `train.py` alone, cold caches ({_measured(alone)} measured steps)",
+        "**optimized, the default `train.py` of 2026-11-29** "
+        f"(same process, {_measured(runs[DEFAULT])} measured steps)",
+        f"the same default alone, cold caches ({_measured(alone)} measured steps)",
     ]
     rows = [
         _result_row(label, run, base_s)
