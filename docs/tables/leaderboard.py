@@ -234,5 +234,11 @@ def draw_loss_figures() -> list[str]:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m docs.tables.leaderboard",
+        description="Redraw docs/figures/leaderboard-train-*.png from the training runs' losses.csv files.",
+    ).parse_args()
     for written in draw_loss_figures():
         print(f"wrote {written}")
