@@ -26,7 +26,8 @@ unit's gradient is complete its weights are freed, the gather two ahead issued a
 reduce-scattered (cast to ``reduce_dtype``, default fp32, averaged) on the side stream, accumulating into
 ``shard.grad`` (fp32, the shard's shape).
 ``reshard_after_forward`` says which units are freed after their forward: ``"except_last"`` (default) all
-but the last unit of the forward, whose backward comes first; ``True`` every unit (the last one is gathered
+but the last unit of the forward, whose backward comes first (known from the previous forward, so the first
+step frees it too); ``True`` every unit (the last one is gathered
 again at once by the backward); ``False`` none: every unit stays gathered from its forward until its
 gradient is complete (no gathers in backward, at the memory of the whole model in ``compute_dtype``).
 A forward without gradients (evaluation) frees every unit after its use.
@@ -85,6 +86,11 @@ replicated parameters stay fp32, so their modules must accept fp32 weights with 
 reference RMSNorm computes in fp32); modules owning parameters of a meta model need ``reset_parameters()``;
 buffers must not be on the meta device. A weight shared between units (tied embedding and LM head) belongs to
 the first unit; it stays gathered from its last forward use until its gradient is complete.
+
+Code, in the order the constructor composes it: ``fsdp_units.build_layout`` groups, materializes and shards
+the parameters; ``fsdp_schedule.GatherSchedule`` (built from the layout, the ``Streams``, the
+``ScheduleOptions`` and a ``parallel.lockstep.Lockstep``) gathers, frees and reduces, driven by the hooks
+``_register_hooks`` installs; ``fsdp_state.FullState`` gathers full values and serves state dicts and files.
 """
 
 from __future__ import annotations
