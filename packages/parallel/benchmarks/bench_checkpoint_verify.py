@@ -1,5 +1,5 @@
 """What verifying a sharded checkpoint costs: ``load_sharded`` with and without checking every item's
-CRC-32, in one process, on a CPU checkpoint of a few GB.
+checksum, in one process, on a CPU checkpoint of a few GB.
 
     python packages/parallel/benchmarks/bench_checkpoint_verify.py --preset medium --out results
 
@@ -9,8 +9,9 @@ then loads them ``--repeats`` times each with ``verify=False`` and ``verify=True
 same model and optimizer, and reports the median of each: the difference is what verification costs, as a
 fraction of the unverified load (target: under 10%). CPU seconds of the process (all threads) are reported
 beside wall time, since the check runs on worker threads beside the deserializing one; so is the machine's
-load average. Also times ``verify_sharded`` (one CRC pass over every file, nothing deserialized) and zlib's
-CRC-32 alone on the checkpoint's bytes in memory. The files are in the page cache (just written or read),
+load average. Also times ``verify_sharded`` (one checksum pass over every file, nothing deserialized), and
+the manifest's checksum (sum64, ``parallel.checkpoint_digest``) and zlib's CRC-32 alone on the checkpoint's
+bytes in memory. The files are in the page cache (just written or read),
 the case where checking costs most relative to reading; with ``--cold`` the cache is dropped before each
 load (root only), so the loads read the disk.
 
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from cs336_basics.presets import build_model, get_preset
     from parallel import load_sharded, save_sharded, verify_sharded
-    from parallel.bench_results import write_results
+    from parallel.checkpoint_digest import sum64
+    from parallel_bench.results import write_results
 
     torch.manual_seed(0)
     model = build_model(get_preset(args.preset), device="cpu")
@@ -86,11 +88,15 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     verify_sharded(path)
     verify_only = time.perf_counter() - began
-    blobs = [f.read_bytes() for f in path.iterdir()]
+    blobs = [bytearray(f.read_bytes()) for f in path.iterdir()]
     began = time.perf_counter()
     for blob in blobs:
         zlib.crc32(blob)
     crc_only = time.perf_counter() - began
+    began = time.perf_counter()
+    for blob in blobs:
+        sum64(blob)
+    sum64_only = time.perf_counter() - began
     del blobs
     shutil.rmtree(args.dir, ignore_errors=True)
 
@@ -106,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         "load_verified_runs_s": " ".join(f"{t:.3f}" for t in times[True]),
         "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
         "verify_sharded_s": verify_only, "crc32_in_memory_s": crc_only,
-        "crc32_GB_per_s": size / 1e9 / crc_only,
+        "crc32_GB_per_s": size / 1e9 / crc_only, "sum64_in_memory_s": sum64_only,
+        "sum64_GB_per_s": size / 1e9 / sum64_only, "torch_threads": torch.get_num_threads(),
     }
     df = pd.DataFrame([row])
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,21 +1,23 @@
 """Checksums of a sharded checkpoint: ``manifest.json`` beside ``torch.distributed.checkpoint``'s files.
 
 Every item DCP writes (one chunk of a tensor or one pickled object: ``torch.save`` bytes at ``(file, offset,
-length)``) gets a CRC-32 of its stored bytes, computed by the rank that wrote it, reading the file back once
-its write is done; ``.metadata`` gets one as a whole. The manifest also records each file's size, the
-model's tensor shapes (DCP stores them flattened) and the optimizer's class and groups (``checkpoint_checks``
-compares them). Shards of another save mixed into the folder fail their checksums.
+length)``) gets a checksum of its stored bytes (``checkpoint_digest``'s sum64), computed by the rank that
+wrote it, reading the file back once its write is done; ``.metadata`` gets a CRC-32 as a whole. The manifest
+also records each file's size, the model's tensor shapes (DCP stores them flattened) and the optimizer's
+class and groups (``checkpoint_checks`` compares them). Shards of another save mixed into the folder fail
+their checksums.
 
 On load, before any tensor is read: the manifest is parsed, ``.metadata``'s CRC checked before it is
 unpickled (restricted, ``checkpoint_pickle``), and every file's size compared, so a truncated or missing file
-is named. While loading, :class:`VerifyingReader` reads each item's bytes once into memory; a worker thread
-computes their CRC while the main thread deserializes them; a mismatch names the file and the key. A
+is named. While loading, :class:`VerifyingReader` reads each item's bytes once into a buffer, checks them
+there and deserializes them from the same buffer (no second read); a mismatch names the file and the key. A
 checkpoint without a manifest (written before checksums existed) loads with a warning; its files are still
 checked to reach every item.
 
-CRC-32 (zlib's, about 4 GB/s per core) catches every burst of up to 32 flipped bits and all but 2^-32 of
-random damage. It does not defend against a crafted checkpoint (a forged manifest matches forged bytes); what
-keeps a crafted checkpoint from running code is ``checkpoint_pickle``.
+Manifest formats: ``parallel.checkpoint/2`` (sum64 per item, written now) and ``parallel.checkpoint/1``
+(CRC-32 per item: read and checked with CRC-32, at a few GB/s per core instead of sum64's ~10). Checksums
+catch damage, not forgery (a forged manifest matches forged bytes); what keeps a crafted checkpoint from
+running code is ``checkpoint_pickle``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from parallel.checkpoint_digest import BLOCK_BYTES, Digest
 from parallel.checkpoint_errors import CheckpointError, CorruptCheckpointError
 from parallel.checkpoint_pickle import loads, read_dcp_metadata
 
@@ -45,37 +48,41 @@ __all__ = ["MANIFEST", "METADATA", "ChecksummingWriter", "Manifest", "VerifyingR
 
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
-_FORMAT = "parallel.checkpoint/1"
-_CHUNK = 64 << 20  # bytes read at a time when checksumming a written file
-# CRC workers beside the thread that deserializes (zlib.crc32 releases the GIL): at ~2-4 GB/s a worker, a
-# checkpoint read from the page cache needs several to keep verification under a tenth of the load
-_CHECK_THREADS = max(2, min(8, (os.cpu_count() or 2) - 1))
+_FORMAT = "parallel.checkpoint/2"
+_CHECKSUM_OF_FORMAT = {"parallel.checkpoint/1": "crc32", _FORMAT: "sum64"}
+_CHUNK = (64 << 20) // BLOCK_BYTES * BLOCK_BYTES  # bytes read at a time when checksumming a written file
 
 
 @dataclass
 class Manifest:
-    """What ``manifest.json`` holds. ``files``: name -> bytes; ``items``: name -> ``[[offset, length, crc32,
-    key], ...]``; ``shapes``: key -> shape of the unflattened tensor; ``optimizer``: ``{"class": qualified
-    name, "groups": [{"hyperparameters": [keys], "params": [names]}]}`` or None."""
+    """What ``manifest.json`` holds. ``files``: name -> bytes; ``items``: name -> ``[[offset, length,
+    checksum, key], ...]`` (``checksum``: sum64's 32 hex digits, or a CRC-32 int in format 1); ``shapes``:
+    key -> shape of the unflattened tensor; ``optimizer``: ``{"class": qualified name, "groups":
+    [{"hyperparameters": [keys], "params": [names]}]}`` or None; ``checksum``: the items' algorithm."""
 
     metadata: dict[str, int]  # {"bytes": ..., "crc32": ...} of .metadata
     files: dict[str, int]
     items: dict[str, list[list]]
     shapes: dict[str, list[int]]
     optimizer: dict | None
+    checksum: str = "sum64"
 
-    def checksum(self, name: str, offset: int) -> tuple[int, int] | None:
-        """``(length, crc32)`` of the item at ``offset`` of file ``name``."""
+    def expected(self, name: str, offset: int) -> tuple[int, int | str] | None:
+        """``(length, checksum)`` of the item at ``offset`` of file ``name``."""
         if not hasattr(self, "_index"):
             self._index = {(f, e[0]): (e[1], e[2]) for f, entries in self.items.items() for e in entries}
         return self._index.get((name, offset))
 
     def write(self, folder: Path) -> None:
-        (folder / MANIFEST).write_text(json.dumps({"format": _FORMAT, **asdict(self)}))
+        fields = asdict(self)
+        checksum = fields.pop("checksum")
+        form = next(f for f, algorithm in _CHECKSUM_OF_FORMAT.items() if algorithm == checksum)
+        (folder / MANIFEST).write_text(json.dumps({"format": form, **fields}))
 
 
 def read_manifest(folder: Path) -> Manifest | None:
-    """The manifest of ``folder``, None if it has none; ``CorruptCheckpointError`` naming it if unreadable."""
+    """The manifest of ``folder``, None if it has none; ``CorruptCheckpointError`` naming it if unreadable
+    or of an unknown format."""
     path = folder / MANIFEST
     try:
         text = path.read_text()
@@ -83,36 +90,43 @@ def read_manifest(folder: Path) -> Manifest | None:
         return None
     try:
         fields = json.loads(text)
-        if fields.pop("format") != _FORMAT:
-            raise ValueError("unknown format")
-        return Manifest(**fields)
+        found = fields.pop("format")
+        if found not in _CHECKSUM_OF_FORMAT:
+            raise ValueError(f"format {found!r}, this version reads {sorted(_CHECKSUM_OF_FORMAT)}")
+        return Manifest(**fields, checksum=_CHECKSUM_OF_FORMAT[found])
     except (ValueError, TypeError, KeyError) as err:
-        raise CorruptCheckpointError(f"{path} is not a checkpoint manifest of {_FORMAT} ({err})") from err
+        raise CorruptCheckpointError(f"{path} is not a checkpoint manifest of {_FORMAT} or an earlier "
+                                     f"format ({err})") from err
 
 
-def _crc(data: bytes | memoryview) -> int:
-    return zlib.crc32(data)
+def _shown(checksum: int | str) -> str:
+    return f"{checksum:08x}" if isinstance(checksum, int) else checksum
 
 
 # -------------------------------------------------------------------------------------------------- save
-def _checksum_file(folder: Path, name: str, entries: list[tuple[str, Any]]) -> tuple[str, int, list[list]]:
+def _checksum_file(folder: Path, name: str, entries: list[tuple[str, Any]],
+                   algorithm: str = "sum64") -> tuple[str, int, list[list]]:
+    """``(name, bytes, [[offset, length, checksum, key], ...])`` of the items ``[(key, storage info)]`` of
+    one file, read in chunks of at most ``_CHUNK`` bytes into one buffer."""
     rows = []
+    buffer = memoryview(bytearray(min(_CHUNK, max((info.length for _, info in entries), default=0))))
     with open(folder / name, "rb") as f:
         for key, info in sorted(entries, key=lambda e: e[1].offset):
             f.seek(info.offset)
-            crc, left = 0, info.length
+            digest, left = Digest(algorithm), info.length
             while left:
-                chunk = f.read(min(left, _CHUNK))
-                if not chunk:
+                chunk = buffer[:min(left, _CHUNK)]
+                if f.readinto(chunk) != len(chunk):
                     raise CorruptCheckpointError(f"{folder / name} ended before {key} was read back")
-                crc, left = zlib.crc32(chunk, crc), left - len(chunk)
-            rows.append([info.offset, info.length, crc, key])
+                digest.update(chunk)
+                left -= len(chunk)
+            rows.append([info.offset, info.length, digest.value, key])
         return name, os.fstat(f.fileno()).st_size, rows
 
 
 class ChecksummingWriter(dcp.FileSystemWriter):
     """``FileSystemWriter`` that reads back what this rank wrote; ``checksums`` then holds ``{file: (bytes,
-    [[offset, length, crc32, key], ...])}`` for :class:`Manifest`."""
+    [[offset, length, sum64, key], ...])}`` for :class:`Manifest`."""
 
     checksums: dict[str, tuple[int, list[list]]]
 
@@ -161,24 +175,14 @@ def open_checkpoint(folder: Path) -> tuple[Metadata, Manifest | None]:
     path = folder / METADATA
     data = path.read_bytes()
     if manifest is not None:
-        want = manifest.metadata
-        if len(data) != want["bytes"] or _crc(data) != want["crc32"]:
+        want, crc = manifest.metadata, zlib.crc32(data)
+        if len(data) != want["bytes"] or crc != want["crc32"]:
             raise CorruptCheckpointError(
-                f"{path} does not match its checksum: {len(data)} bytes, CRC-32 {_crc(data):08x}; the "
+                f"{path} does not match its checksum: {len(data)} bytes, CRC-32 {crc:08x}; the "
                 f"manifest says {want['bytes']} bytes, {want['crc32']:08x}")
     metadata = read_dcp_metadata(data, str(path))
     _check_files(folder, metadata, manifest)
     return metadata, manifest
-
-
-def _verify(blob: bytes, expected: int, where: str) -> None:
-    _verify_crc(_crc(blob), expected, where)
-
-
-def _verify_crc(found: int, expected: int, where: str) -> None:
-    if found != expected:
-        raise CorruptCheckpointError(f"{where} does not match its checksum (CRC-32 {found:08x}, the manifest "
-                                     f"says {expected:08x}): the bytes changed after they were written")
 
 
 def _item_name(folder: Path, req_or_key: ReadItem | str, info: Any) -> str:
@@ -186,20 +190,27 @@ def _item_name(folder: Path, req_or_key: ReadItem | str, info: Any) -> str:
     return f"{folder / info.relative_path} (item {key!r} at byte {info.offset}, {info.length} bytes)"
 
 
-def _read_blob(stream, folder: Path, key: ReadItem | str, info: Any) -> bytes:
-    stream.seek(info.offset)
-    blob = stream.read(info.length)
-    if len(blob) != info.length:
-        raise CorruptCheckpointError(f"{_item_name(folder, key, info)} is truncated: {len(blob)} bytes read")
-    return blob
-
-
-def _expected_crc(manifest: Manifest, folder: Path, key: ReadItem | str, info: Any) -> int:
-    found = manifest.checksum(info.relative_path, info.offset)
-    if found is None or found[0] != info.length:
+def _compare(found: int | str, manifest: Manifest, folder: Path, key: ReadItem | str, info: Any) -> None:
+    """Raise ``CorruptCheckpointError`` naming file and key unless ``found`` is the item's checksum."""
+    expected = manifest.expected(info.relative_path, info.offset)
+    if expected is None or expected[0] != info.length:
         raise CorruptCheckpointError(f"{_item_name(folder, key, info)} has no checksum in "
                                      f"{folder / MANIFEST}")
-    return found[1]
+    if found != expected[1]:
+        raise CorruptCheckpointError(
+            f"{_item_name(folder, key, info)} does not match its checksum ({manifest.checksum} "
+            f"{_shown(found)}, the manifest says {_shown(expected[1])}): the bytes changed after they were "
+            f"written")
+
+
+def _read_into(buffer: memoryview, stream, folder: Path, key: ReadItem | str, info: Any) -> memoryview:
+    """The item's bytes, read into the start of ``buffer``."""
+    blob = buffer[:info.length]
+    stream.seek(info.offset)
+    got = stream.readinto(blob)
+    if got != info.length:
+        raise CorruptCheckpointError(f"{_item_name(folder, key, info)} is truncated: {got} bytes read")
+    return blob
 
 
 def read_item(folder: Path, metadata: Metadata, manifest: Manifest | None, key: str) -> tuple[bytes, str]:
@@ -210,18 +221,54 @@ def read_item(folder: Path, metadata: Metadata, manifest: Manifest | None, key: 
         raise CheckpointError(f"checkpoint {folder} has no {key!r}")
     info = metadata.storage_data[index]
     with open(folder / info.relative_path, "rb") as f:
-        blob = _read_blob(f, folder, key, info)
-    where = _item_name(folder, key, info)
+        blob = _read_into(memoryview(bytearray(info.length)), f, folder, key, info)
     if manifest is not None:
-        _verify(blob, _expected_crc(manifest, folder, key, info), where)
-    return blob, where
+        _compare(Digest(manifest.checksum).update(blob).value, manifest, folder, key, info)
+    return blob.tobytes(), _item_name(folder, key, info)
+
+
+class _BufferFile(io.RawIOBase):
+    """A read-only file over ``buffer`` that does not copy it (``io.BytesIO`` copies all but ``bytes``,
+    and a tensor over ``bytes`` is read-only, which torch warns of)."""
+
+    def __init__(self, buffer: memoryview):
+        super().__init__()
+        self._buffer, self._position = buffer, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._buffer)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, out) -> int:
+        n = max(0, min(len(out), len(self._buffer) - self._position))
+        out[:n] = self._buffer[self._position:self._position + n]
+        self._position += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._buffer) if size is None or size < 0 else min(len(self._buffer), self._position + size)
+        data = self._buffer[self._position:end].tobytes()
+        self._position = max(self._position, end)
+        return data
 
 
 class VerifyingReader(dcp.FileSystemReader):
     """``FileSystemReader`` of a checkpoint opened by :func:`open_checkpoint` (its metadata is not read
-    again), reading each item once into memory and checking its CRC-32 against ``manifest`` (None: no
-    check) on a worker thread while the item is deserialized. Pickled items reach the planner's
-    ``load_bytes`` as stored bytes: unpickling them is the caller's (``checkpoint_pickle``)."""
+    again). Reads each item once into a buffer (two, each as large as the largest item, when checking);
+    a worker thread checks its checksum against ``manifest`` (None: no check) while the calling thread
+    deserializes it from the same buffer, so the check costs no second read and little added time. Pickled
+    items reach the planner's ``load_bytes`` as stored bytes: unpickling them is the caller's
+    (``checkpoint_pickle``)."""
 
     def __init__(self, folder: Path, metadata: Metadata, manifest: Manifest | None):
         super().__init__(folder)
@@ -236,37 +283,47 @@ class VerifyingReader(dcp.FileSystemReader):
         for req in plan.items:
             info = self.storage_data[req.storage_index]
             by_file.setdefault(info.relative_path, []).append((req, info))
-        pending: collections.deque = collections.deque()
-        with ThreadPoolExecutor(_CHECK_THREADS) as pool:
+        largest = max((info.length for reqs in by_file.values() for _, info in reqs), default=0)
+        # reused, so that no item pays for fresh pages; one is read into while the other is checked
+        free = [memoryview(bytearray(largest)) for _ in range(1 if self._manifest is None else 2)]
+        busy: collections.deque = collections.deque()  # (check, its buffer), oldest first
+        with ThreadPoolExecutor(1) as checker:
             for name, reqs in by_file.items():
                 with open(folder / name, "rb") as stream:
                     for req, info in sorted(reqs, key=lambda r: r[1].offset):
-                        blob = _read_blob(stream, folder, req, info)
+                        if not free:
+                            check, buffer = busy.popleft()
+                            check.result()
+                            free.append(buffer)
+                        buffer = free.pop()
+                        blob = _read_into(buffer, stream, folder, req, info)
                         check = None
-                        if self._manifest is not None:
-                            expected = _expected_crc(self._manifest, folder, req, info)
-                            check = pool.submit(_verify, blob, expected, _item_name(folder, req, info))
-                            pending.append(check)
+                        if self._manifest is None:
+                            free.append(buffer)
+                        else:
+                            check = checker.submit(self._check, blob, folder, req, info)
+                            busy.append((check, buffer))
                         try:
                             self._deliver(req, info, blob, planner)
-                        except CheckpointError:
-                            raise
                         except Exception as err:
                             if check is not None:
                                 check.result()  # a failed checksum is the better explanation
+                            if isinstance(err, CheckpointError):
+                                raise
                             raise CorruptCheckpointError(f"{_item_name(folder, req, info)} cannot be read "
                                                          f"({type(err).__name__}: {err})") from err
-                        while len(pending) > 2 * _CHECK_THREADS:  # bounds the blobs held in memory
-                            pending.popleft().result()
-            for check in pending:
+            for check, _ in busy:
                 check.result()
         future: Future = Future()
         future.set_result(None)
         return future
 
-    def _deliver(self, req: ReadItem, info: Any, blob: bytes, planner: LoadPlanner) -> None:
+    def _check(self, blob: memoryview, folder: Path, req: ReadItem, info: Any) -> None:
+        _compare(Digest(self._manifest.checksum).update(blob).value, self._manifest, folder, req, info)
+
+    def _deliver(self, req: ReadItem, info: Any, blob: memoryview, planner: LoadPlanner) -> None:
         descriptors = info.transform_descriptors or ()
-        stream = self.transforms.transform_load_stream(req, descriptors, io.BytesIO(blob))
+        stream = self.transforms.transform_load_stream(req, descriptors, _BufferFile(blob))
         if req.type == LoadItemType.BYTE_IO:
             planner.load_bytes(req, io.BytesIO(stream.read()))
             return
@@ -293,15 +350,16 @@ def load_pickled(folder: Path, metadata: Metadata, manifest: Manifest | None, ke
 
 
 def verify_files(folder: Path, metadata: Metadata, manifest: Manifest, threads: int = 4) -> int:
-    """Check every item of the checkpoint against ``manifest`` (reading every file); returns bytes checked."""
+    """Check every item of the checkpoint against ``manifest`` (reading every file once, ``threads`` files
+    at a time); returns bytes checked."""
     by_file: dict[str, list] = {}
     for index, info in metadata.storage_data.items():
         by_file.setdefault(info.relative_path, []).append((index.fqn, info))
     with ThreadPoolExecutor(threads) as pool:
-        done = list(pool.map(lambda name: _checksum_file(folder, name, by_file[name]), by_file))
+        done = list(pool.map(lambda name: _checksum_file(folder, name, by_file[name], manifest.checksum),
+                             by_file))
     infos = {(name, info.offset): info for name, entries in by_file.items() for _, info in entries}
     for name, _, rows in done:
-        for offset, _, crc, key in rows:
-            info = infos[name, offset]
-            _verify_crc(crc, _expected_crc(manifest, folder, key, info), _item_name(folder, key, info))
+        for offset, _, checksum, key in rows:
+            _compare(checksum, manifest, folder, key, infos[name, offset])
     return sum(info.length for entries in by_file.values() for _, info in entries)
