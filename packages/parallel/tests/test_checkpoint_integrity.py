@@ -1,8 +1,10 @@
 """Damaged sharded checkpoints: flipped bytes and bits, truncated or missing files, mixed saves, checkpoints
-written before checksums; and mismatched models and optimizers, each named in the error."""
+written before checksums or with format 1's CRC-32; and mismatched models and optimizers, each named in the
+error."""
 
 import json
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -194,3 +196,35 @@ def test_every_rank_raises_for_a_shard_only_one_rank_reads_and_none_hangs(tmp_pa
         assert kind == "CorruptCheckpointError" and file.name in message and "model/up.weight" in message
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["shapes"]["model/up.weight"] == [19, 12]
+
+
+def _as_format_1(path):
+    """Rewrite the manifest as format 1 wrote it: a CRC-32 of each item's bytes instead of its sum64."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    for name, rows in manifest["items"].items():
+        data = (path / name).read_bytes()
+        for row in rows:
+            row[2] = zlib.crc32(data[row[0]:row[0] + row[1]])
+    manifest["format"] = "parallel.checkpoint/1"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_format_1_checkpoint_loads_checked_by_crc32_and_an_unknown_format_is_refused(tmp_path, lm):
+    path, saved = _saved(tmp_path, lm)
+    assert json.loads((path / "manifest.json").read_text())["format"] == "parallel.checkpoint/2"
+    _as_format_1(path)
+    model, opt = _fresh(lm)
+    assert load_sharded(path, model, opt)["step"] == 1
+    for a, b in zip(saved.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert verify_sharded(path) > 0
+    file, offset, length = _file_of(path, "model/up.weight")
+    _flip(file, [offset + length // 2])
+    with pytest.raises(CorruptCheckpointError, match=rf"{file.name} \(item 'model/up\.weight'.*checksum "
+                                                     r"\(crc32 [0-9a-f]{8}, the manifest says"):
+        load_sharded(path, *_fresh(lm))
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**manifest, "format": "parallel.checkpoint/9"}))
+    with pytest.raises(CorruptCheckpointError, match=r"manifest\.json is not a checkpoint manifest .*"
+                                                     r"'parallel\.checkpoint/9', this version reads"):
+        load_sharded(path, *_fresh(lm))
