@@ -39,7 +39,8 @@ def test_fsdp_tables_take_the_slower_rank_of_each_step():
 
 
 def test_help_imports_no_torch():
-    commands = ["fsdp", "zero", "zero_modes", "checkpoint", "ddp", "collectives", "trace_plot"]
+    commands = ["fsdp", "zero", "zero_modes", "checkpoint", "checkpoint_verify", "ddp", "collectives",
+                "trace_plot"]
     result = probe_commands("parallel_bench", commands)
     assert result["import loads torch"] is False
     for command, outcome in result["commands"].items():

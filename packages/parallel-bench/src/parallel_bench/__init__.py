@@ -1,3 +1,4 @@
 """Benchmarks and figures of the ``parallel`` library, outside its import path: commands run as ``python -m
 parallel_bench.<module>`` (``collectives``, ``ddp``, ``zero``, ``zero_modes``, ``fsdp``, ``checkpoint``,
-``trace_plot``). They build the reference model of ``cs336_basics`` and report with ``harness``."""
+``checkpoint_verify``, ``trace_plot``). They build the reference model of ``cs336_basics`` and report with
+``harness``."""

@@ -1,7 +1,7 @@
 """What verifying a sharded checkpoint costs: ``load_sharded`` with and without checking every item's
 checksum, in one process, on a CPU checkpoint of a few GB.
 
-    python packages/parallel/benchmarks/bench_checkpoint_verify.py --preset medium --out results
+    python -m parallel_bench.checkpoint_verify --preset medium --out results
 
 Builds a ``cs336_basics`` preset (fp32) and AdamW over it, makes the optimizer's state with one step on
 zero gradients, saves both with ``parallel.save_sharded`` (timed: it reads its files back to checksum them),
@@ -20,13 +20,14 @@ Writes ``checkpoint_verify.csv``, ``.json`` and ``.md`` into ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
 import time
 import zlib
 from pathlib import Path
+
+from harness import cli
 
 
 def _drop_page_cache() -> None:
@@ -39,22 +40,23 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="medium", help="cs336_basics preset (medium: 423M parameters)")
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/bench_checkpoint_verify"),
-                        help="where the checkpoint is written (removed at the end)")
-    parser.add_argument("--repeats", type=int, default=3, help="loads of each kind, alternating")
-    parser.add_argument("--threads", type=int, default=4, help="writer threads of save_sharded")
-    parser.add_argument("--cold", action="store_true", help="drop the page cache before each load (root)")
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder of the result files")
-    args = parser.parse_args(argv)
+    p = cli.command_parser("python -m parallel_bench.checkpoint_verify", __doc__)
+    p.add_argument("--preset", default="medium", help="cs336_basics preset (medium: 423M parameters)")
+    p.add_argument("--dir", type=Path, default=Path("/tmp/checkpoint_verify"),
+                   help="where the checkpoint is written (removed at the end)")  # fmt: skip
+    p.add_argument("--repeats", type=cli.positive_int, default=3, help="loads of each kind, alternating")
+    p.add_argument("--threads", type=cli.positive_int, default=4, help="writer threads of save_sharded")
+    p.add_argument("--cold", action="store_true", help="drop the page cache before each load (root)")
+    cli.add_out(p, "results", "folder of the result files")
+    args = p.parse_args(argv)
+    out = Path(args.out)
 
     import pandas as pd
     import torch
     from cs336_basics.presets import build_model, get_preset
     from parallel import load_sharded, save_sharded, verify_sharded
     from parallel.checkpoint_digest import sum64
+
     from parallel_bench.results import write_results
 
     torch.manual_seed(0)
@@ -116,8 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         "sum64_GB_per_s": size / 1e9 / sum64_only, "torch_threads": torch.get_num_threads(),
     }
     df = pd.DataFrame([row])
-    args.out.mkdir(parents=True, exist_ok=True)
-    for written in write_results(df, args.out / "checkpoint_verify"):
+    out.mkdir(parents=True, exist_ok=True)
+    for written in write_results(df, out / "checkpoint_verify"):
         print(f"wrote {written}")
     print(f"verification: {checked - plain:+.3f} s on a {plain:.3f} s load "
           f"({100 * (checked - plain) / plain:+.1f}%)")
