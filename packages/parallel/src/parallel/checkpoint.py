@@ -18,14 +18,16 @@ under ``optim/<name>/<key>`` in the same flattened form, the other state entries
 ``optim/<name>/other``; hyper-parameters under ``optim/param_groups``; ``extra`` per rank under
 ``extra/rank<r>``. Because the key space is the model's own parameter names with global sizes, a checkpoint
 written on N ranks loads on M ranks (each reads only the chunks overlapping its slices), into another
-wrapper, or into a plain unsharded module. ``manifest.json`` (``checkpoint_manifest``) holds a CRC-32 of
-every stored item and of ``.metadata``, each file's size, the tensors' unflattened shapes and the
-optimizer's class and groups.
+wrapper, or into a plain unsharded module. ``manifest.json`` (``checkpoint_manifest``) holds a checksum of
+every stored item (sum64, ``checkpoint_digest``; CRC-32 in manifests of format 1, which still load) and a
+CRC-32 of ``.metadata``, each file's size, the tensors' unflattened shapes and the optimizer's class and
+groups.
 
 Loading checks, before any tensor is read: the checksum of ``.metadata`` and every file's size (a truncated
 or missing file is named); keys, shapes and dtypes of every tensor, the optimizer's class, its groups'
 membership and hyper-parameter keys (``checkpoint_checks``; missing or unexpected keys are refused unless
-``strict=False``). While reading, every item's CRC-32 (``verify=False`` skips this). A checkpoint written
+``strict=False``). While reading, every item's checksum, computed on the buffer the item then deserializes
+from (``verify=False`` skips this). A checkpoint written
 before checksums existed loads with a warning that it cannot be verified. Every refusal is a
 ``CheckpointError`` (``CorruptCheckpointError``, ``UnsafeCheckpointError``) naming the file or key.
 
@@ -341,7 +343,7 @@ def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
 
     Collective: call on every rank. ``strict``: refuse keys only one side has (parameters, buffers,
     optimizer hyper-parameters); ``False`` loads what both have, the rest keeps its value. ``verify``: check
-    every item's CRC-32 while reading (``.metadata``'s and the file sizes are checked always). Raises
+    every item's checksum while reading (``.metadata``'s and the file sizes are checked always). Raises
     ``CheckpointError`` (or a subclass) on every rank before any tensor is read when the checkpoint does not
     fit, is damaged or carries code; a bad checksum found while reading names the file and the key.
     """

@@ -22,7 +22,6 @@ running code is ``checkpoint_pickle``.
 
 from __future__ import annotations
 
-import collections
 import io
 import json
 import os
@@ -264,11 +263,11 @@ class _BufferFile(io.RawIOBase):
 
 class VerifyingReader(dcp.FileSystemReader):
     """``FileSystemReader`` of a checkpoint opened by :func:`open_checkpoint` (its metadata is not read
-    again). Reads each item once into a buffer (two, each as large as the largest item, when checking);
-    a worker thread checks its checksum against ``manifest`` (None: no check) while the calling thread
-    deserializes it from the same buffer, so the check costs no second read and little added time. Pickled
-    items reach the planner's ``load_bytes`` as stored bytes: unpickling them is the caller's
-    (``checkpoint_pickle``)."""
+    again). Reads each item once into one reused buffer (as large as the largest item), checks its checksum
+    against ``manifest`` (None: no check) while the bytes are still in cache, then deserializes it from the
+    same buffer: no second read. The check runs on the calling thread: on a worker it measured slower (its
+    thread contends with torch's intra-op threads of the copies). Pickled items reach the planner's
+    ``load_bytes`` as stored bytes: unpickling them is the caller's (``checkpoint_pickle``)."""
 
     def __init__(self, folder: Path, metadata: Metadata, manifest: Manifest | None):
         super().__init__(folder)
@@ -284,42 +283,24 @@ class VerifyingReader(dcp.FileSystemReader):
             info = self.storage_data[req.storage_index]
             by_file.setdefault(info.relative_path, []).append((req, info))
         largest = max((info.length for reqs in by_file.values() for _, info in reqs), default=0)
-        # reused, so that no item pays for fresh pages; one is read into while the other is checked
-        free = [memoryview(bytearray(largest)) for _ in range(1 if self._manifest is None else 2)]
-        busy: collections.deque = collections.deque()  # (check, its buffer), oldest first
-        with ThreadPoolExecutor(1) as checker:
-            for name, reqs in by_file.items():
-                with open(folder / name, "rb") as stream:
-                    for req, info in sorted(reqs, key=lambda r: r[1].offset):
-                        if not free:
-                            check, buffer = busy.popleft()
-                            check.result()
-                            free.append(buffer)
-                        buffer = free.pop()
-                        blob = _read_into(buffer, stream, folder, req, info)
-                        check = None
-                        if self._manifest is None:
-                            free.append(buffer)
-                        else:
-                            check = checker.submit(self._check, blob, folder, req, info)
-                            busy.append((check, buffer))
-                        try:
-                            self._deliver(req, info, blob, planner)
-                        except Exception as err:
-                            if check is not None:
-                                check.result()  # a failed checksum is the better explanation
-                            if isinstance(err, CheckpointError):
-                                raise
-                            raise CorruptCheckpointError(f"{_item_name(folder, req, info)} cannot be read "
-                                                         f"({type(err).__name__}: {err})") from err
-            for check, _ in busy:
-                check.result()
+        buffer = memoryview(bytearray(largest))  # reused, so that no item pays for fresh pages
+        for name, reqs in by_file.items():
+            with open(folder / name, "rb") as stream:
+                for req, info in sorted(reqs, key=lambda r: r[1].offset):
+                    blob = _read_into(buffer, stream, folder, req, info)
+                    if self._manifest is not None:
+                        _compare(Digest(self._manifest.checksum).update(blob).value, self._manifest, folder,
+                                 req, info)
+                    try:
+                        self._deliver(req, info, blob, planner)
+                    except CheckpointError:
+                        raise
+                    except Exception as err:
+                        raise CorruptCheckpointError(f"{_item_name(folder, req, info)} cannot be read "
+                                                     f"({type(err).__name__}: {err})") from err
         future: Future = Future()
         future.set_result(None)
         return future
-
-    def _check(self, blob: memoryview, folder: Path, req: ReadItem, info: Any) -> None:
-        _compare(Digest(self._manifest.checksum).update(blob).value, self._manifest, folder, req, info)
 
     def _deliver(self, req: ReadItem, info: Any, blob: memoryview, planner: LoadPlanner) -> None:
         descriptors = info.transform_descriptors or ()
