@@ -14,6 +14,7 @@ CPU in under a minute; it measures nothing on a GPU itself. Sections: ``analysis
 from __future__ import annotations
 
 import csv
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -148,7 +149,32 @@ def build_report(
         accounting_section(models),
         checkpointing_section(models["xl"]),
     ]
-    return "\n".join(header) + "\n" + "\n\n".join(sections) + "\n"
+    return "\n".join(header) + "\n" + "\n\n".join([answers_section(sections), *sections]) + "\n"
+
+
+def _anchor(title: str) -> str:
+    """The link target a Markdown renderer gives the heading ``title`` (lower case, punctuation dropped)."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def answers_section(sections: list[str]) -> str:
+    """``## Answers``: for each section, its title linked and the first sentence of its first bold-led
+    paragraph (else of its first paragraph of prose holding a sentence), so the answers come before the
+    derivations."""
+    lines = ["## Answers", ""]
+    for section in sections:
+        title, _, body = section.removeprefix("## ").partition("\n")
+        prose = [p.strip() for p in body.split("\n\n") if p.strip()[:1] not in "|$"]
+        paragraphs = [p for p in prose if re.search(r"\.(\s|$)", p)]
+        led = [p for p in paragraphs if p.startswith("**") and not p.startswith("**Simulator")]
+        first = (led or paragraphs)[0]
+        lead = re.match(r"\*\*(.+?)\*\*\s*", first)
+        rest = first[lead.end():] if lead else first
+        sentence = re.match(r"(.+?[^.]\.)(\s|$)", rest, re.S)
+        text = (sentence.group(1) if sentence else rest).replace("\n", " ")
+        label = f"{lead.group(1).rstrip('.')}: " if lead and lead.group(1) != "Answer." else ""
+        lines.append(f"- **[{title}](#{_anchor(title)})**: {label}{text}")
+    return "\n".join(lines)
 
 
 def reported_models() -> dict[str, Any]:
