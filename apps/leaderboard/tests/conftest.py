@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 from leaderboard.tokens import write_tokens
 
 
@@ -17,3 +18,11 @@ def token_files(tmp_path_factory):
     out = tmp_path_factory.mktemp("tokens")
     write_tokens(out, root, valid_fraction=0.15)
     return out / "train.bin", out / "valid.bin"
+
+
+@pytest.fixture(scope="module")
+def enough_recompiles():
+    """For modules that compile the same regions at many sizes and dtypes: room for every recompile, so that
+    Dynamo never falls back to running them eagerly (the compiled kernels would go untested)."""
+    with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+        yield

@@ -18,12 +18,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 BF16_SLACK = 4e-3  # about half a bf16 unit of relative rounding
 
 
-@pytest.fixture(autouse=True, scope="module")
-def enough_recompiles():
-    """Each size and dtype here compiles the regions anew; without room for that Dynamo would fall back to
-    running them eagerly, and the compiled kernels would go untested."""
-    with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
-        yield
+pytestmark = pytest.mark.usefixtures("enough_recompiles")
 
 
 # ---------------------------------------------------------------------------------- whole blocks and models

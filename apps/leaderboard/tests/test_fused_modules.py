@@ -20,12 +20,7 @@ FP32_BOUND = 2e-5  # summation order and fp32 transcendental rounding only
 BF16_SLACK = 4e-3  # about half a bf16 unit of relative rounding
 
 
-@pytest.fixture(autouse=True, scope="module")
-def enough_recompiles():
-    """Each size and dtype here compiles the regions anew; without room for that Dynamo would fall back to
-    running them eagerly, and the compiled kernels would go untested."""
-    with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
-        yield
+pytestmark = pytest.mark.usefixtures("enough_recompiles")
 
 
 def perturbed(module: nn.Module) -> nn.Module:
