@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame | None:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{args.preset}: ours and FSDP2, {args.warmup}+{args.steps} steps on {args.world_size} GPUs",
           flush=True)
-    per_rank = spawn(worker, args.world_size, args.preset, args.batch_size, args.warmup, args.steps,
+    per_rank = spawn(worker, args.world_size, IMPLS, args.preset, args.batch_size, args.warmup, args.steps,
                      args.out, backend="nccl", timeout=args.timeout)
     df, gathers = _tables(args.preset, args.batch_size, args.world_size, per_rank)
     summary = gather_summary(gathers)

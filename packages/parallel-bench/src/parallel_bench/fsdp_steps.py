@@ -15,7 +15,6 @@ from harness.timing import Marks
 from harness.trace import activities, export_trace
 from parallel.fsdp import FSDP
 
-from parallel_bench.fsdp import IMPLS
 from parallel_bench.zero import GIB, random_batch, sdpa
 
 
@@ -134,9 +133,13 @@ def _run(impl: str, preset: str, batch: int, warmup: int, steps: int, out: Path)
     return result
 
 
-def worker(rank: int, world_size: int, preset: str, batch: int, warmup: int, steps: int, out: Path) -> list:
+def worker(
+    rank: int, world_size: int, impls: tuple[str, ...], preset: str, batch: int, warmup: int, steps: int,
+    out: Path,
+) -> list:
+    """One result per implementation of ``impls`` ("ours", "fsdp2"), run one after the other on this rank."""
     results = []
-    for impl in IMPLS:
+    for impl in impls:
         result = _run(impl, preset, batch, warmup, steps, out)
         if rank == 0:
             print(f"  {impl}: {statistics.median(result['times']):.1f} ms/step, peak "
