@@ -6,7 +6,9 @@ ticks a second counter every few seconds, so that the watch tells a rank that st
 thread waits, e.g. in a collective for a peer) from one that stopped answering (stopped by a signal, or
 hung holding the interpreter).
 
-A run is stalled when no rank has beaten for ``stall_timeout`` seconds. Healthy ranks of a run stop beating
+A run is stalled when no rank has beaten for ``stall_timeout`` seconds, or, while some rank has not sent its
+first beat, for the start-up allowance (``START_UP_S`` or the stall timeout, whichever is longer: starting a
+process, importing torch and joining the process group take seconds to a minute on a busy node). Healthy ranks of a run stop beating
 soon after a peer stops (they wait for it in the next collective), so any stall ends the run; a rank that
 works alone for long (a save) keeps the run alive as long as it beats. The watch then names the ranks,
 those that stopped answering first, then those furthest behind, each with its last phase.
@@ -36,6 +38,7 @@ import torch.distributed as dist
 
 ENV = "PARALLEL_HEARTBEAT"  # "folder:stall_timeout" of the launcher's beats
 STALL_EXIT_CODE = 75  # a rank ended by its own watch thread
+START_UP_S = 120.0  # seconds a rank may take to send its first beat, at least
 
 
 class StallError(TimeoutError):
@@ -111,8 +114,10 @@ class Reporter:
 class Watch:
     """Reads every rank's beats and ticks from ``store``; ``poll()`` says when and how the run stalled."""
 
-    def __init__(self, store: dist.Store, world_size: int, stall_timeout: float, clock=time.monotonic):
+    def __init__(self, store: dist.Store, world_size: int, stall_timeout: float, clock=time.monotonic,
+                 start_up: float = START_UP_S):  # fmt: skip
         self.store, self.world_size, self.stall_timeout, self.clock = store, world_size, stall_timeout, clock
+        self.start_up = max(start_up, stall_timeout)
         started = clock()
         self._beats: list[tuple[str | None, float]] = [(None, started)] * world_size
         self._ticks: list[tuple[str | None, float]] = [(None, started)] * world_size
@@ -136,13 +141,18 @@ class Watch:
         return [int(pid) for _, pid, where, _ in silent if where == host]
 
     def poll(self) -> str | None:
-        """None while some rank beat within the timeout, else the diagnosis."""
+        """None while some rank beat within the timeout (the start-up allowance while some rank has not beaten
+        yet), else the diagnosis."""
         now = self.clock()
         self._update(self._beats, "beat", now)
         self._update(self._ticks, "tick", now)
-        if now - max(changed for _, changed in self._beats) < self.stall_timeout:
+        if now - max(changed for _, changed in self._beats) < self.limit():
             return None
         return self.diagnosis(now)
+
+    def limit(self) -> float:
+        """Seconds without a beat that stall the run: the stall timeout once every rank has beaten."""
+        return self.start_up if any(beat is None for beat, _ in self._beats) else self.stall_timeout
 
     def diagnosis(self, now: float) -> str:
         def order(rank: int):
@@ -156,10 +166,9 @@ class Watch:
             host = f" on {beat.split('|')[2]}" if beat else ""
             state = "still answering" if self._answering(rank, now) else "stopped answering (stopped or hung)"
             parts.append(f"rank {rank}{host} {state}, last phase {phase!r} {now - beat_at:.0f} s ago")
-        return (
-            f"no rank of {self.world_size} reported progress for {self.stall_timeout:g} s (the stall "
-            f"timeout): " + "; ".join(parts)
-        )
+        limit = self.limit()
+        what = "the stall timeout" if limit == self.stall_timeout else "the start-up allowance"
+        return f"no rank of {self.world_size} reported progress for {limit:g} s ({what}): " + "; ".join(parts)
 
     def _answering(self, rank: int, now: float) -> bool:
         tick, ticked_at = self._ticks[rank]
