@@ -6,12 +6,13 @@ ticks a second counter every few seconds, so that the watch tells a rank that st
 thread waits, e.g. in a collective for a peer) from one that stopped answering (stopped by a signal, or
 hung holding the interpreter).
 
-A run is stalled when no rank has beaten for ``stall_timeout`` seconds, or, while some rank has not sent its
-first beat, for the start-up allowance (``START_UP_S`` or the stall timeout, whichever is longer: starting a
-process, importing torch and joining the process group take seconds to a minute on a busy node). Healthy ranks of a run stop beating
-soon after a peer stops (they wait for it in the next collective), so any stall ends the run; a rank that
-works alone for long (a save) keeps the run alive as long as it beats. The watch then names the ranks,
-those that stopped answering first, then those furthest behind, each with its last phase.
+A run is stalled when no rank has beaten for ``stall_timeout`` seconds, or, while some rank has not sent
+its first beat, for the start-up allowance (``START_UP_S`` or the stall timeout, whichever is longer:
+starting a process, importing torch and joining the process group take seconds to a minute on a busy
+node). Healthy ranks of a run stop beating soon after a peer stops (they wait for it in the next
+collective), so any stall ends the run; a rank that works alone for long (a save) keeps the run alive as
+long as it beats. The watch then names the ranks, those that stopped answering first, then those furthest
+behind, each with its last phase.
 
 Who watches: ``parallel.launch.spawn`` and ``parallel.launch.torchrun`` given ``stall_timeout`` (the beats go
 to files in a folder of their launcher, :class:`FolderStore`; ranks find it through the ``PARALLEL_HEARTBEAT``
