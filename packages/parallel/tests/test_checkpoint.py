@@ -133,3 +133,20 @@ def test_bad_paths_and_mismatched_models_are_named(tmp_path, lm):
         load_sharded(tmp_path / "c", other)
     with pytest.raises(CheckpointError, match="holds no optimizer state"):
         load_sharded(tmp_path / "c", lm[0](), torch.optim.SGD(lm[0]().parameters(), lr=1.0))
+
+
+def test_optimizer_state_loads_exactly_into_fresh_buffers(tmp_path, lm):
+    """Every state tensor comes back bit for bit (the buffers it is read into start uninitialized)."""
+    model = lm[0](seed=0)
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    for step in range(2):
+        train_step(model, opt, step, ROWS, 0, 1)
+    save_sharded(tmp_path / "ckpt", model, opt)
+    fresh = lm[0](seed=5)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), **ADAMW)
+    load_sharded(tmp_path / "ckpt", fresh, fresh_opt)
+    saved, loaded = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+    assert sorted(saved) == sorted(loaded) and saved
+    for index, state in saved.items():
+        for key, value in state.items():
+            assert torch.equal(loaded[index][key], value), (index, key)

@@ -189,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         metavar="S",
         help="stop the run once no rank has reported progress (a heartbeat at start-up, compile, every "
-        "step, evaluation and save) for S seconds, naming the ranks and their last phase; a healthy run "
-        "of any length is never stopped (default: 600)",
+        "step, evaluation and save) for S seconds (at least 120 s until every rank has started), naming "
+        "the ranks and their last phase; a healthy run of any length is never stopped (default: 600)",
     )
     return parser
 

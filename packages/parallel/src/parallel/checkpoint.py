@@ -264,11 +264,13 @@ def _request_optimizer(optimizer, found, stored, request, missing, source) -> li
             keys = [k[len(prefix):] for k in stored if k.startswith(prefix) and k != other_key]
             dests = {}
             for key in keys:
-                dest = torch.zeros(p.numel(), dtype=stored[prefix + key].properties.dtype, device=p.device)
-                for piece in mine:
+                read = [piece for piece in mine
+                        if f"model/{piece.name}" not in missing and f"optim/{piece.name}/{key}" in stored]
+                whole = sum(piece.stop - piece.start for piece in read) == p.numel()  # else zeros stay
+                new = torch.empty if whole else torch.zeros
+                dest = new(p.numel(), dtype=stored[prefix + key].properties.dtype, device=p.device)
+                for piece in read:
                     name = f"optim/{piece.name}/{key}"
-                    if f"model/{piece.name}" in missing or name not in stored:
-                        continue
                     if stored[name].size.numel() != piece.numel:
                         raise CheckpointError(f"checkpoint's {name!r} has {stored[name].size.numel()} "
                                               f"elements, the parameter {piece.numel}")
@@ -345,7 +347,8 @@ def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
     optimizer hyper-parameters); ``False`` loads what both have, the rest keeps its value. ``verify``: check
     every item's checksum while reading (``.metadata``'s and the file sizes are checked always). Raises
     ``CheckpointError`` (or a subclass) on every rank before any tensor is read when the checkpoint does not
-    fit, is damaged or carries code; a bad checksum found while reading names the file and the key.
+    fit, is damaged or carries code; a bad checksum found while reading names the file and the key (items
+    read before it are loaded already: load a good checkpoint before going on).
     """
     folder, reader, request, plan, saved_groups, extra = _together(
         f"load_sharded({str(path)!r})", _prepare_load, path, model, optimizer, strict, verify)
