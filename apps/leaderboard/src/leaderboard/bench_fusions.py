@@ -1,7 +1,7 @@
 """One Transformer block's forward + backward with and without each fusion of ``leaderboard.fused_block``.
 
     python -m leaderboard.bench_fusions                       # the 8B block: 32 768 tokens, bf16, SDPA cuDNN
-    python -m leaderboard.bench_fusions --device cpu --tokens 512 --d-model 256 --heads 4 --d-ff 704
+    python -m leaderboard.bench_fusions --device cpu --tokens 512 --preset tiny --d-ff 704
 
 Variants, each a ``cs336_basics.TransformerBlock`` with the same weights: ``unfused`` (the optimized step
 without ``fused_block``: RMSNorm, RoPE and SwiGLU compiled as one region each), each fusion alone on top
@@ -34,9 +34,11 @@ PREDICTED_PASSES = {"rope": (2, 6), "norm": (1, 2), "swiglu": (0, 2)}
 def parse_args(argv=None):
     p = cli.command_parser("python -m leaderboard.bench_fusions", __doc__)
     p.add_argument("--tokens", type=cli.positive_int, default=32_768, help="sequence length (one sequence)")
-    p.add_argument("--d-model", type=cli.positive_int, default=4096)
-    p.add_argument("--heads", type=cli.positive_int, default=32)
-    p.add_argument("--d-ff", type=cli.positive_int, default=11_008)
+    p.add_argument("--preset", default="leaderboard-8b",
+                   help="cs336_basics preset whose block shape is the default (default: leaderboard-8b)")
+    p.add_argument("--d-model", type=cli.positive_int, help="model width (default: the preset's)")
+    p.add_argument("--heads", type=cli.positive_int, help="attention heads (default: the preset's)")
+    p.add_argument("--d-ff", type=cli.positive_int, help="SwiGLU width (default: the preset's)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--attention", choices=("auto", "cudnn", "flash", "math"), default="auto",
                    help="SDPA backend; auto: cudnn on CUDA, math on a CPU")  # fmt: skip
@@ -48,6 +50,15 @@ def parse_args(argv=None):
     cli.add_device(p)
     cli.add_out(p, "results/fusions")
     args = p.parse_args(argv)
+    from cs336_basics.presets import get_preset
+
+    try:
+        preset = get_preset(args.preset)
+    except ValueError as err:
+        p.error(f"--preset: {err}")
+    args.d_model = args.d_model or preset.d_model
+    args.heads = args.heads or preset.num_heads
+    args.d_ff = args.d_ff or preset.d_ff
     if args.d_model % args.heads or (args.d_model // args.heads) % 2:
         p.error(f"--d-model {args.d_model} must split into --heads {args.heads} heads of even size")
     return args
