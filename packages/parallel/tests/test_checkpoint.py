@@ -135,6 +135,21 @@ def test_bad_paths_and_mismatched_models_are_named(tmp_path, lm):
         load_sharded(tmp_path / "c", lm[0](), torch.optim.SGD(lm[0]().parameters(), lr=1.0))
 
 
+def _save_to_own_folder(rank, world_size, lm, folder):
+    try:
+        save_sharded(folder / f"rank{rank}", lm[0]())
+    except ValueError as err:
+        return str(err)
+    return "saved"
+
+
+def test_ranks_naming_different_folders_are_refused_before_writing(tmp_path, lm):
+    errors = spawn(_save_to_own_folder, 2, lm, tmp_path, timeout=60)
+    named = f"rank 0: {str(tmp_path / 'rank0')!r}, rank 1: {str(tmp_path / 'rank1')!r}"
+    assert errors == [f"save_sharded needs the same path on every rank, got {named}"] * 2
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_optimizer_state_loads_exactly_into_fresh_buffers(tmp_path, lm):
     """Every state tensor comes back bit for bit (the buffers it is read into start uninitialized)."""
     model = lm[0](seed=0)

@@ -130,6 +130,16 @@ def test_results_that_could_run_code_when_loaded_are_refused():
         spawn(_returns_opaque, 2, timeout=40)
 
 
+def _returns_function(rank, world_size):
+    return lambda: rank
+
+
+@pytest.mark.timeout(60)
+def test_results_that_cannot_be_pickled_are_named():
+    with pytest.raises(WorkerError, match=r"rank [01] of 2 failed(.|\n)*it returned a function that cannot be pickled"):
+        spawn(_returns_function, 2, timeout=40)
+
+
 def _returns_plain(rank, world_size):
     import numpy as np
 

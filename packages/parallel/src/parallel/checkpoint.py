@@ -157,6 +157,18 @@ def _save_state(model, optimizer, extra) -> tuple[dict[str, Any], list[list[str]
     return state, group_names
 
 
+def _check_same_path(final: Path) -> None:
+    """Every rank must name the same folder (collective): each writes its shards where it was told, and
+    rank 0 alone writes the metadata and renames the folder."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    paths: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(paths, os.path.abspath(final))
+    if len(set(paths)) > 1:
+        named = ", ".join(f"rank {rank}: {path!r}" for rank, path in enumerate(paths))
+        raise ValueError(f"save_sharded needs the same path on every rank, got {named}")
+
+
 def _gather_on_rank0(obj: Any) -> list | None:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [obj]
@@ -197,6 +209,7 @@ def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer: torch.opt
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive int, got {threads!r}")
     final = Path(path)
+    _check_same_path(final)
     if final.exists() and not (final.is_dir() and (final / METADATA).exists()):
         raise FileExistsError(f"path {str(final)!r} exists and is not a sharded checkpoint; not replacing it")
     # Objects are pickled here, before any file is touched: torch.distributed.checkpoint's writer threads

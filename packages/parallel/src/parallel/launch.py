@@ -200,17 +200,25 @@ def _load_outcome(path: Path) -> tuple[str, Any]:
         return torch.load(path, weights_only=True)
 
 
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
 def _write_outcome(path: Path, outcome: tuple[str, Any]) -> str:
     """``outcome`` to ``path`` (through a temporary name), or an error outcome if it cannot be read back
     without running code; returns the status written."""
     tmp = path.with_suffix(".tmp")
-    torch.save(outcome, tmp)
+    try:
+        torch.save(outcome, tmp)
+    except Exception as error:
+        outcome = ("error", f"it returned a {type(outcome[1]).__name__} that cannot be pickled to send it to "
+                            f"the launcher: {_first_line(error)}")  # fmt: skip
+        torch.save(outcome, tmp)
     try:
         _load_outcome(tmp)
     except Exception as error:
-        why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         outcome = ("error", f"it returned a {type(outcome[1]).__name__} that the launcher cannot read back "
-                            f"safely (torch.load(weights_only=True)): {why}")  # fmt: skip
+                            f"safely (torch.load(weights_only=True)): {_first_line(error)}")  # fmt: skip
         torch.save(outcome, tmp)
     os.replace(tmp, path)
     return outcome[0]
