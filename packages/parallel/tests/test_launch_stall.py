@@ -136,7 +136,8 @@ def _returns_function(rank, world_size):
 
 @pytest.mark.timeout(60)
 def test_results_that_cannot_be_pickled_are_named():
-    with pytest.raises(WorkerError, match=r"rank [01] of 2 failed(.|\n)*it returned a function that cannot be pickled"):
+    refused = r"rank [01] of 2 failed(.|\n)*it returned a function that cannot be pickled"
+    with pytest.raises(WorkerError, match=refused):
         spawn(_returns_function, 2, timeout=40)
 
 
