@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from leaderboard import cli, launching, tokens, training  # training: imported before the ranks fork
 from leaderboard.save_lock import LOCK_NAME, save_lock
 from leaderboard.token_file import TokenFile
@@ -25,6 +26,9 @@ def _no_launch(job):
 
 
 # ------------------------------------------------------------------ item 7: errors before any process starts
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -36,6 +40,10 @@ def _no_launch(job):
         (["--set", "checkpoint_blocks=-2"], "activation_checkpoint.blocks must be >= -1, got -2"),
         (["--set", "save_every=-1"], "checkpoint.save_every must be >= 0, got -1"),
         (["--set", "on_nonfinite=ignore"], "training.on_nonfinite must be one of stop, skip, got 'ignore'"),
+        pytest.param(["--set", "attention=cudnn"], "model.attention=cudnn needs a CUDA GPU, and this machine "
+                     "has none", marks=NO_GPU),
+        pytest.param(["--set", "optimizer=triton"], "optimizer.implementation=triton needs a CUDA GPU",
+                     marks=NO_GPU),
     ],
 )
 def test_recipe_errors_come_before_any_process_starts(argv, message, monkeypatch, capsys):
@@ -213,6 +221,19 @@ def test_skip_mode_skips_the_step_and_a_nonfinite_checkpoint_is_never_written(
     assert "step     2/6: loss nan" in captured.out and "1 step(s) not applied" in captured.out
     assert "train.py: error: step 6: parameter" in captured.err and "holds non-finite values" in captured.err
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-000003"]
+
+
+@pytest.mark.timeout(120)
+def test_skip_mode_stops_a_diverged_run_after_three_skipped_steps_in_a_row(tmp_path, token_files, capsys):
+    argv = [*SMALL, "--ranks", "1", "--data", str(token_files[0]), "--steps", "30", "--out", str(tmp_path)]
+    argv += ["--set", "learning_rate=1e6", "--set", "on_nonfinite=skip", "--set", "save_every=1"]
+    assert cli.main([*argv, "--save", str(tmp_path / "ckpt")]) == 1
+    history = pd.read_csv(tmp_path / "losses.csv")
+    last = int(history["step"].iloc[-1])
+    assert last < 30 and list(history["skipped"].iloc[-3:]) == [True, True, True]
+    err = capsys.readouterr().err
+    assert f"steps {last - 2}-{last}: 3 steps in a row had a non-finite training loss" in err
+    assert not (tmp_path / "ckpt" / f"step-{last:06d}").exists()
 
 
 # ------------------------------------------------------------------ item 3/5/7: --resume and its recipe

@@ -64,6 +64,18 @@ def resolve_recipe(args: argparse.Namespace, gpus: int, gpu_memory_bytes: int) -
     return recipe.with_(**changes)
 
 
+CUDA_ONLY = {"model.attention": ("cudnn", "efficient"), "optimizer.implementation": ("triton",)}
+
+
+def check_runs_without_gpu(recipe: Recipe) -> None:
+    """ValueError naming the recipe field whose choice needs a CUDA GPU (for a machine that has none)."""
+    values = recipe.flat()
+    for path, needs_cuda in CUDA_ONLY.items():
+        if values[path] in needs_cuda:
+            raise ValueError(f"{path}={values[path]} needs a CUDA GPU, and this machine has none (on a CPU: "
+                             f"{path}=auto)")
+
+
 def plan_job(args: argparse.Namespace, argv: list[str], launch_time: float) -> Job:
     """The job the ranks will run; ValueError naming the argument or recipe field that cannot work."""
     gpus, torchrun = torch.cuda.device_count(), under_torchrun()
@@ -85,6 +97,9 @@ def plan_job(args: argparse.Namespace, argv: list[str], launch_time: float) -> J
         rows, headline = ablation_rows(recipe, "cuda" if gpus else "cpu", args.ablation, args.row_steps)
         for row in rows:
             row.recipe.validate(ranks)
+    if not gpus:
+        for checked in (recipe, *(row.recipe for row in rows)):
+            check_runs_without_gpu(checked)
     training = None
     if args.mode == "train":
         out = args.out or Path("results") / f"train-{recipe.name}"

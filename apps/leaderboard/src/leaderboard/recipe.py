@@ -77,7 +77,7 @@ class Training:
     eval_every: int = 50  # steps between evaluations on the held-out file (and after the last step)
     eval_batches: int = 4  # batches of batch_size sequences per evaluation
     # a step whose training loss or gradient norm is not finite: "stop" the run there (nothing saved after
-    # it, exit status 1) or "skip" it (no optimizer step; the row is marked skipped)
+    # it, exit status 1) or "skip" it (no optimizer step; the row is marked skipped; 3 in a row end the run)
     on_nonfinite: str = "stop"
 
 

@@ -10,9 +10,10 @@ windows of the held-out file (``eval_batches`` global batches, split over the ra
 
 A step whose training loss (mean over ranks) or gradient norm is not finite is never applied: with
 ``training.on_nonfinite="stop"`` (the default) the run ends there, naming the step, and the report exits
-with status 1; with ``"skip"`` the gradients are dropped and the row is marked skipped. A non-finite
-evaluation loss ends the run too. Losses are kept as they are (``nan`` in the CSV); a step that was not
-evaluated has no evaluation loss (``None``, blank in the CSV).
+with status 1; with ``"skip"`` the gradients are dropped and the row is marked skipped, until
+``SKIPPED_IN_A_ROW`` steps in a row were skipped: that is divergence, not a bad batch, and ends the run as
+"stop" does. A non-finite evaluation loss ends the run too. Losses are kept as they are (``nan`` in the
+CSV); a step that was not evaluated has no evaluation loss (``None``, blank in the CSV).
 
 Checkpoints ``DIR/step-NNNNNN`` (``train_state``) hold the weights, the optimizer state, every rank's RNG
 states, the loss history and the recipe, so ``--resume`` continues with the same data and, on a CPU, the
@@ -50,6 +51,8 @@ from .train_state import (
     save_training_state,
 )
 from .trainer import Trainer
+
+SKIPPED_IN_A_ROW = 3  # with on_nonfinite="skip": this many skipped steps in a row end the run (divergence)
 
 
 def check_writable(option: str, folder: Path) -> None:
@@ -150,6 +153,16 @@ def _step_row(trainer: Trainer, recipe: Recipe, step: int, batch, device) -> dic
             "skipped": not applied, "seconds": seconds}  # fmt: skip
 
 
+def _skipped_in_a_row(history: list[dict]) -> int:
+    """How many of the last rows were skipped, counting back to the last applied step."""
+    count = 0
+    for row in reversed(history):
+        if not row["skipped"]:
+            break
+        count += 1
+    return count
+
+
 def _line(row: dict, steps: int) -> str:
     evaluated = "" if row["eval_loss"] is None else f"  eval loss {row['eval_loss']:.4f}"
     skipped = "  not applied: not finite" if row["skipped"] else ""
@@ -214,6 +227,14 @@ def train(
                     f"step {step}: training loss {row['train_loss']}, gradient norm {row['grad_norm']}; not "
                     f"applied (the weights are those after step {step - 1}; learning_rate="
                     f"{recipe.optimizer.learning_rate:g}); set on_nonfinite=skip to skip such steps instead"
+                )
+            if _skipped_in_a_row(history) >= SKIPPED_IN_A_ROW:
+                say(_line(row, steps))
+                first = step - SKIPPED_IN_A_ROW + 1
+                raise NonFiniteError(
+                    f"steps {first}-{step}: {SKIPPED_IN_A_ROW} steps in a row had a non-finite training loss "
+                    f"or gradient norm and were skipped (on_nonfinite=skip): the run diverged; the weights "
+                    f"are those after step {first - 1} (learning_rate={recipe.optimizer.learning_rate:g})"
                 )
             if valid is not None and (step % recipe.training.eval_every == 0 or step == steps):
                 evaluated(row)
