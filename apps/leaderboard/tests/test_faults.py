@@ -260,6 +260,11 @@ def test_resume_refuses_fields_that_shape_the_run_and_reports_its_own_steps(tmp_
     loss5, loss6 = history["train_loss"][4], history["train_loss"][5]
     assert f"trained steps 5-6: training loss {loss5:.4f} -> {loss6:.4f}; median step" in out  # no eval
 
+    on_other_data = [str(valid) if arg == str(train) else arg for arg in base]
+    assert cli.main([*on_other_data, "--resume", "--steps", "7", "--out", str(tmp_path / "c")]) == 0
+    moved = f"--data {train.resolve()} ({train.stat().st_size} bytes) -> {valid.resolve()} ("
+    assert moved in capsys.readouterr().out
+
     (tmp_path / "ckpt" / "recipe.json").unlink()  # a folder without the record: the ranks compare
     assert cli.main([*base, "--resume", "--steps", "8", "--set", "learning_rate=0.02"]) == 1
     assert "learning_rate 0.01 -> 0.02" in capsys.readouterr().err

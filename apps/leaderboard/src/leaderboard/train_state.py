@@ -101,11 +101,16 @@ def _nonfinite_parameter(root: torch.nn.Module) -> str | None:
     return next((f"{name} (rank {rank})" for rank, name in enumerate(found) if name is not None), None)
 
 
+def data_record(data: Path) -> dict:
+    """What a checkpoint records of the token file it was trained on: its absolute path and size in bytes."""
+    return {"path": str(data.resolve()), "bytes": data.stat().st_size}
+
+
 def save_training_state(
-    folder: Path, trainer: Trainer, recipe: Recipe, step: int, history: list[dict]
+    folder: Path, trainer: Trainer, recipe: Recipe, step: int, history: list[dict], data: dict
 ) -> Path:
-    """Write ``folder/step-NNNNNN`` (collective); NonFiniteError, writing nothing, if a weight is not
-    finite."""
+    """Write ``folder/step-NNNNNN`` (collective), recording ``data`` (:func:`data_record`); NonFiniteError,
+    writing nothing, if a weight is not finite."""
     beat(f"save step {step}")
     path = folder / checkpoint_name(step)
     bad = _nonfinite_parameter(trainer.root)
@@ -113,21 +118,26 @@ def save_training_state(
         raise NonFiniteError(f"step {step}: parameter {bad} holds non-finite values; {path} not written")
     rng_states = [None] * dist.get_world_size()
     dist.all_gather_object(rng_states, (np.random.get_state(), torch.get_rng_state()))
-    trainer.save(
-        path, {"step": step, "history": history, "rng_states": rng_states, "recipe": recipe.as_dict()}
-    )
+    extra = {"step": step, "history": history, "rng_states": rng_states, "recipe": recipe.as_dict(),
+             "data": data}  # fmt: skip
+    trainer.save(path, extra)
     return path
 
 
 def resume_training_state(
-    folder: Path, trainer: Trainer, recipe: Recipe, rank: int
+    folder: Path, trainer: Trainer, recipe: Recipe, rank: int, data: dict
 ) -> tuple[int, list[dict]]:
     """Load the latest checkpoint of ``folder`` into ``trainer`` and this rank's RNG streams; ``(step,
-    history)``. ResumeMismatch if its recipe differs in a fixed field."""
+    history)``. ResumeMismatch if its recipe differs in a fixed field; a token file other than the one it
+    recorded (``data``, :func:`data_record`) is listed with the fields that changed."""
     _, path = latest_checkpoint(folder)
     beat(f"resume from {path.name}")
     extra = trainer.load(path)
     changed = check_resumable(extra.get("recipe", {}), recipe, str(path))
+    saved_data = extra.get("data")  # absent in checkpoints written before it was recorded
+    if saved_data is not None and saved_data != data:
+        changed.append(f"--data {saved_data['path']} ({saved_data['bytes']} bytes) -> {data['path']} "
+                       f"({data['bytes']} bytes)")
     if len(extra["rng_states"]) == dist.get_world_size():  # same ranks: continue each rank's stream exactly
         numpy_state, torch_state = extra["rng_states"][rank]
         np.random.set_state(numpy_state)

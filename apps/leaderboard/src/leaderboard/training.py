@@ -45,6 +45,7 @@ from .train_state import (
     NonFiniteError,
     check_resumable,
     checkpoint_name,
+    data_record,
     data_seed,
     latest_checkpoint,
     resume_training_state,
@@ -196,7 +197,7 @@ def train(
     torch.manual_seed(data_seed(recipe.training.seed, rank))
     start, history, saved, stopped, failure = 0, [], [], False, None
     if run.resume:
-        start, history = resume_training_state(run.save, trainer, recipe, rank)
+        start, history = resume_training_state(run.save, trainer, recipe, rank, data_record(run.data))
     if run.save is not None and rank == 0:
         atomic_write_text(run.save / RECIPE_RECORD, json.dumps(recipe.as_dict(), indent=2) + "\n")
 
@@ -209,7 +210,8 @@ def train(
             raise NonFiniteError(f"step {row['step']}: the evaluation loss is {row['eval_loss']}")
 
     def save(step: int) -> None:
-        saved.append(str(save_training_state(run.save, trainer, recipe, step, history)))
+        path = save_training_state(run.save, trainer, recipe, step, history, data_record(run.data))
+        saved.append(str(path))
 
     try:
         for step in range(start + 1, steps + 1):
