@@ -126,6 +126,7 @@ def test_option_errors_name_the_option(argv, message, capsys):
         (["--set", "max_grad_norm=-1"], "max_grad_norm must be a finite number >= 0, got -1.0"),
         (["--set", "max_grad_norm=0"], "max_grad_norm must be > 0, got 0.0"),
         (["--data", "no/such/tokens.bin"], "--data no/such/tokens.bin: no such file"),
+        (["--data", "/dev/null"], "--data /dev/null: not a regular file (a pipe or device)"),
         (["--data", "x.bin", "--resume"], "--resume needs --save DIR"),
         (["--set", "model.depth=3"], "unknown recipe field 'model.depth'"),
     ],

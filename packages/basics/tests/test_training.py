@@ -97,6 +97,9 @@ def test_cross_entropy_takes_narrow_integer_targets_and_compiles():
     want = F.cross_entropy(logits.reshape(-1, 13), targets.reshape(-1))
     torch.testing.assert_close(cross_entropy(logits, targets.to(torch.int32)), want)
     torch.testing.assert_close(cross_entropy(logits, targets.to(torch.uint8)), want)
+    torch.testing.assert_close(cross_entropy(logits, targets.to(torch.uint16)), want)  # a token file's ids
+    with pytest.raises(IndexError, match=r"targets must lie in \[0, 13\).*got 60000"):
+        cross_entropy(logits, torch.full((4, 6), 60000, dtype=torch.uint16))
     traced = torch.compile(cross_entropy, backend="eager", fullgraph=True)  # the range check traces
     torch.testing.assert_close(traced(logits, targets), want)
 

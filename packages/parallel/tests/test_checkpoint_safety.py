@@ -106,3 +106,11 @@ def test_what_the_app_saves_round_trips(tmp_path):
     assert numpy_state[0] == "MT19937" and np.array_equal(numpy_state[1], rng[1][0][1])
     assert torch.equal(torch_state, rng[1][1])
     assert read_extra(tmp_path / "c", rank=1)["recipe"] == extra["recipe"]  # rank 0's for a missing rank
+
+
+def test_an_extra_that_cannot_be_pickled_is_named(tmp_path):
+    model, opt = _model_and_optimizer()
+    refused = r"^extra cannot be pickled \((AttributeError|PicklingError): .*local"
+    with pytest.raises(TypeError, match=refused):
+        save_sharded(tmp_path / "c", model, opt, extra={"schedule": lambda step: step})
+    assert not (tmp_path / "c").exists() and not (tmp_path / "c.partial").exists()

@@ -19,8 +19,10 @@ def check_tokens(path: Path, option: str, vocab_size: int, context_length: int) 
     ``vocab_size``."""
     if path.is_dir():
         raise ValueError(f"{option} {path}: is a folder, expected a token file")
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"{option} {path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{option} {path}: not a regular file (a pipe or device), expected a token file")
     size = path.stat().st_size
     if size % 2:
         raise ValueError(f"{option} {path}: {size} bytes is not a whole number of uint16 token ids")

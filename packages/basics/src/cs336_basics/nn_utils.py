@@ -19,22 +19,23 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean of -log softmax(logits)[target] over every leading position.
 
-    logits ``(..., vocab)``, targets ``(...)`` integer ids in ``[0, vocab)``; computed in fp32 with the max
-    subtracted, so logits of magnitude 1e4 and more neither overflow nor lose the answer. Float targets are
-    refused (as ``torch.nn.functional.cross_entropy`` refuses them for class indices) rather than truncated;
-    an id outside ``[0, vocab)`` raises IndexError naming it on a CPU, and fails a device-side assertion
-    elsewhere (checked without a synchronization).
+    logits ``(..., vocab)``, targets ``(...)`` integer ids (any integer dtype) in ``[0, vocab)``; computed in
+    fp32 with the max subtracted, so logits of magnitude 1e4 and more neither overflow nor lose the answer.
+    Float targets are refused (as ``torch.nn.functional.cross_entropy`` refuses them for class indices) rather
+    than truncated; an id outside ``[0, vocab)`` raises IndexError naming it on a CPU, and fails a device-side
+    assertion elsewhere (checked without a synchronization).
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"targets shape {tuple(targets.shape)} must equal logits shape without the last "
                          f"dim {tuple(logits.shape[:-1])}")
     if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
         raise TypeError(f"targets must hold integer class ids (e.g. torch.int64), got dtype {targets.dtype}")
-    _check_target_range(targets, logits.shape[-1])
+    ids = targets.long()  # any integer dtype, e.g. the uint16 of token files; int64 is not copied
+    _check_target_range(ids, logits.shape[-1])
     logits = logits.float()
     shifted = logits - logits.amax(dim=-1, keepdim=True)
     log_norm = shifted.exp().sum(dim=-1).log()
-    target_logit = shifted.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    target_logit = shifted.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     return (log_norm - target_logit).mean()
 
 

@@ -114,7 +114,11 @@ def dumps(obj: Any, what: str, numpy_arrays: bool = False) -> bytes:
     """``torch.save`` bytes of ``obj``; ``TypeError`` naming ``what`` and the types that :func:`loads` (with
     the same ``numpy_arrays``) would refuse."""
     buffer = io.BytesIO()
-    torch.save(obj, buffer)
+    try:
+        torch.save(obj, buffer)
+    except Exception as error:  # pickle's own: a lambda, a local class, an open file, a lock...
+        raise TypeError(f"{what} cannot be pickled ({type(error).__name__}: {error}); store tensors, "
+                        f"numbers, strings or containers of them instead") from error
     data = buffer.getvalue()
     with _allowed(numpy_arrays):
         unsafe = _unsafe_globals(data)
