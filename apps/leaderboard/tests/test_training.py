@@ -50,7 +50,7 @@ def test_resume_needs_an_earlier_checkpoint(tmp_path, token_files):
     with pytest.raises(ValueError, match="--resume: no checkpoint step-NNNNNN"):
         TrainingRun.checked(token_files[0], None, tmp_path / "ckpt", True, tmp_path / "out", recipe)
     (tmp_path / "ckpt" / "step-000004").mkdir(parents=True)
-    with pytest.raises(ValueError, match="is at step 4, not before --steps 4"):
+    with pytest.raises(ValueError, match=r"is at step 4, not before the run's last step \(training.steps=4"):
         TrainingRun.checked(token_files[0], None, tmp_path / "ckpt", True, tmp_path / "out", recipe)
     with pytest.raises(ValueError, match="already holds step-000004; add --resume"):
         TrainingRun.checked(token_files[0], None, tmp_path / "ckpt", False, tmp_path / "out", recipe)

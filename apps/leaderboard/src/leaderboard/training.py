@@ -106,7 +106,8 @@ class TrainingRun:
                 raise ValueError(f"--resume: no checkpoint step-NNNNNN in --save {save}")
             if latest[0] >= recipe.training.steps:
                 steps = recipe.training.steps
-                raise ValueError(f"--resume: {latest[1]} is at step {latest[0]}, not before --steps {steps}")
+                raise ValueError(f"--resume: {latest[1]} is at step {latest[0]}, not before the run's last "
+                                 f"step (training.steps={steps}); pass a larger --steps to train on")
             record = save / RECIPE_RECORD
             if record.is_file():
                 check_resumable(json.loads(record.read_text()), recipe, f"--save {save}")
