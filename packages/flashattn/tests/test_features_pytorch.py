@@ -154,6 +154,15 @@ def test_cu_seqlens_on_the_host_are_read_every_call():
         check_cu_seqlens(cu_q, "cu_seqlens_q", 9, 5, cu_q.device)
 
 
+def test_strided_cu_seqlens_reach_the_kernels_contiguous():
+    """The kernels index cu_seqlens as contiguous: a strided view with the right values is copied."""
+    from flashattn.varlen import check_cu_seqlens
+
+    strided = torch.tensor([0, 99, 4, 99, 9, 99], dtype=torch.int32)[::2]
+    checked = check_cu_seqlens(strided, "cu_seqlens_q", 9, 5, strided.device)
+    assert checked.is_contiguous() and torch.equal(checked, cu([4, 5]))
+
+
 @pytest.mark.parametrize("values", [[0, 4, 12], [0, 7, 3, 9], [-2, 4, 9], [0, 2, 9]])
 def test_device_check_clamps_and_asserts(values):
     """The check used for CUDA tensors (no host read): a bad tensor is reported by a device-side
@@ -161,7 +170,7 @@ def test_device_check_clamps_and_asserts(values):
     from flashattn.varlen import _checked_on_device
 
     cu_q = torch.tensor(values, dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="cu_seqlens_q must rise from 0 to 9"):
+    with pytest.raises(RuntimeError, match="cu_seqlens_q must rise from 0 to the packed length"):
         _checked_on_device(cu_q, "cu_seqlens_q", 9, 5)
     clamped = torch.cummax(cu_q.clamp(0, 9), 0).values
     assert clamped.min() >= 0 and clamped.max() <= 9 and bool((clamped.diff() >= 0).all())

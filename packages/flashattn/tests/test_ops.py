@@ -56,6 +56,16 @@ def test_varlen_compiles_without_a_graph_break():
     torch.testing.assert_close(compiled(q, k, v), packed(q, k, v, lens, lens, True))
 
 
+def test_varlen_compiles_again_for_another_max_seqlen():
+    """A second max_seqlen makes it a symbolic int in the graph: it must still trace in one graph."""
+    lens = [5, 0, 13, 7]
+    q, k, v = (torch.randn(sum(lens), 4, 16, dtype=torch.float64) for _ in range(3))
+    compiled = torch.compile(lambda q, k, v, longest: flash_attention_varlen(
+        q, k, v, cu(lens), cu(lens), longest, longest, True), fullgraph=True, backend="aot_eager")
+    for longest in (13, 14, 20):
+        torch.testing.assert_close(compiled(q, k, v, longest), packed(q, k, v, lens, lens, True))
+
+
 @pytest.mark.parametrize("scale", [None, 0.05, 1.7])
 def test_softmax_scale_and_lse_match_float64(scale):
     q, k, v = (torch.randn(2, 3, 29, 24, dtype=torch.float64) for _ in range(3))

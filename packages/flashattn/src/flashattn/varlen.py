@@ -64,7 +64,8 @@ def _checked_on_device(cu: Tensor, name: str, total: int, max_seqlen: int) -> Te
     surfaces at the next synchronisation)."""
     lengths = cu.diff()
     ok = (cu[0] == 0) & (cu[-1] == total) & (lengths.min() >= 0) & (lengths.max() <= max_seqlen)
-    torch._assert_async(ok, f"{name} must rise from 0 to {total} with documents of at most {max_seqlen}")
+    # a fixed message: under torch.compile total and max_seqlen may be symbolic, and cannot be formatted
+    torch._assert_async(ok, f"{name} must rise from 0 to the packed length, no document over max_seqlen")
     return torch.cummax(cu.clamp(0, total), dim=0).values.to(torch.int32)
 
 
@@ -85,7 +86,7 @@ def check_cu_seqlens(
         raise ValueError(f"max_seqlen for {name} must be an int >= 0, got {max_seqlen!r}")
     if (cu.device.type == "cpu" or validate) and not torch.compiler.is_compiling():
         _check_lengths_on_host(cu, name, total, max_seqlen)
-        return cu
+        return cu.contiguous()  # the kernels index it as contiguous
     return _checked_on_device(cu, name, total, max_seqlen)
 
 
