@@ -42,3 +42,14 @@ def test_help_is_quick_and_imports_no_torch() -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert probe.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--targets", "85"], "--targets: 85 is not one of 80, 86, 89, 90, 100, 120"),
+    (["--targets", "75"], "--targets: 75 is not one of"),
+    (["--csv", "/no/such/folder/rows.csv"], "--csv /no/such/folder/rows.csv: cannot write into /no/such"),
+])
+def test_bad_arguments_are_refused_before_any_compile(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        aot.main([*argv, "--head-dims", "16", "--dtypes", "fp16", "--masks", "causal"])
+    assert done.value.code == 2 and message in capsys.readouterr().err

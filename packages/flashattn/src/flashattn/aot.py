@@ -365,10 +365,15 @@ def _check(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         if d % 8 or not 16 <= d <= 256:
             p.error(f"--head-dims: {d} is not a multiple of 8 from 16 to 256")
     for sm in args.targets:
-        if sm < 80:
-            p.error(f"--targets: {sm} is below 80; the portable kernels need sm_80 or newer")
+        if sm not in TARGETS:
+            p.error(f"--targets: {sm} is not one of {', '.join(map(str, TARGETS))} (the portable kernels "
+                    f"need sm_80 or newer, and these are the targets whose limits are known)")
     if args.jobs < 1:
         p.error(f"--jobs must be at least 1, got {args.jobs}")
+    for option, path in (("--csv", args.csv), ("--md", args.md)):
+        folder = path.parent if path is not None else None
+        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
+            p.error(f"{option} {path}: cannot write into {folder} (not a writable folder)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
