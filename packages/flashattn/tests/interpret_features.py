@@ -24,6 +24,7 @@ DENSE = [
     ("window_wide_q33_k45", (2, 2), 33, 45, 16, False, (40, 3), torch.float32),
     ("d256_causal", (2, 1), 20, 20, 256, True, None, torch.float32),
     ("fp16_d96_window", (2, 1), 37, 37, 96, False, (20, 20), torch.float16),
+    ("window_beyond_int32", (2, 2), 17, 17, 16, False, (2**40, 2**40), torch.float32),
 ]
 SPLIT = interpret_cases.PINNED._replace(dv=TileConfig(32, 16, 4, 1, "tf32x3"))
 SPLIT_DENSE = [

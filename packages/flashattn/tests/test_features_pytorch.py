@@ -54,7 +54,8 @@ def test_dense_features_match_oracle(case, dtype):
     _close(ours, gold, dtype)
 
 
-@pytest.mark.parametrize("causal, window", [(True, None), (False, (7, 3)), (True, (40, 0))])
+@pytest.mark.parametrize("causal, window",
+                         [(True, None), (False, (7, 3)), (True, (40, 0)), (False, (2**40, 5))])  # fmt: skip
 def test_packed_documents_match_one_by_one(causal, window):
     lens = [0, 1, 33, 1000, 0, 5]
     q, k, v, do = (_randn(sum(lens), h, 24, seed=i) for i, h in enumerate((4, 2, 2, 4)))

@@ -32,7 +32,7 @@ def test_features_match_float64(results):
         if errors.pop("bitwise_repeat", 1.0) != 1.0:
             failures.append(f"{name}: two runs differ")
         failures += [f"{name}: {t} error {e:.2e} >= {bound:.0e}" for t, e in errors.items() if not e < bound]
-    assert len(results) == 14 and not failures, "\n".join(failures)
+    assert len(results) == 15 and not failures, "\n".join(failures)
 
 
 def test_inf_in_keys_gives_the_reference_nan_rows(results):

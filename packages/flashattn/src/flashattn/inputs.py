@@ -31,14 +31,18 @@ class Varlen(NamedTuple):
     max_k: int
 
 
+_WINDOW_CAP = 2**30  # beyond any sequence; q position + window still fits in int32
+
+
 def check_window(window) -> Window:
-    """``None`` or ``(left, right)`` of non-negative ints, returned as a tuple; anything else is refused."""
+    """``None`` or ``(left, right)`` of non-negative ints, returned as a tuple (each capped at 2**30,
+    beyond any sequence, so the kernels' int32 arguments hold it); anything else is refused."""
     if window is None:
         return None
     ok = isinstance(window, tuple | list) and len(window) == 2
     if not ok or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 0 for w in window):
         raise ValueError(f"window must be None or (left, right) with ints >= 0, got {window!r}")
-    return int(window[0]), int(window[1])
+    return min(int(window[0]), _WINDOW_CAP), min(int(window[1]), _WINDOW_CAP)
 
 
 def right_bound(is_causal: bool, window: Window) -> int | None:
