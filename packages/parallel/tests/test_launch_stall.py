@@ -156,3 +156,5 @@ def test_plain_results_come_back():
 def test_limits_are_checked():
     with pytest.raises(ValueError, match="stall_timeout must be a number of seconds > 0 or None, got 0"):
         spawn(_returns_plain, 2, stall_timeout=0)
+    with pytest.raises(ValueError, match=r"backend must be one of gloo, nccl.*got 'bogus'"):
+        spawn(_returns_plain, 2, backend="bogus")

@@ -153,6 +153,26 @@ def test_ranks_with_different_models_fail_fast_naming_the_difference(lm, wrapper
         spawn(_different_models, 2, lm, wrapper, difference, timeout=30)
 
 
+def _wrapped_twice(rank, world_size, lm):
+    refused = []
+    for outer in (FSDP, DDP, BucketedDDP):
+        for inner in (FSDP, DDP):
+            model = lm[0]()
+            model.body = inner(torch.nn.Linear(3, 3))  # a wrapped submodule counts too
+            try:
+                outer(model)
+            except ValueError as error:
+                refused.append(str(error))
+    return refused
+
+
+def test_a_model_is_wrapped_once(lm):
+    refused = spawn(_wrapped_twice, 2, lm, timeout=60)
+    assert refused[0] == refused[1] and len(refused[0]) == 6
+    assert refused[0][0] == "FSDP: its submodule 'body' is already a FSDP; wrap the plain model once"
+    assert refused[0][3] == "DDP: its submodule 'body' is already a DDP; wrap the plain model once"
+
+
 @pytest.mark.parametrize("size", [math.inf, math.nan, "25", 0, -1.0, True, None])
 def test_bucket_size_must_be_a_finite_positive_number(size):
     with pytest.raises(ValueError, match="bucket_size_mb must be a finite number of MiB > 0"):

@@ -39,6 +39,16 @@ def _first_difference(mine: Description, theirs: Description) -> str:
     return f"{extra} has more entries, first extra: {longer[shorter][0]}"
 
 
+def check_not_wrapped(module: nn.Module, who: str) -> None:
+    """``ValueError`` if ``module`` or one of its submodules is already a wrapper of this package (a class
+    with ``wraps_for_parallel = True``): wrapped twice, each would synchronize the gradients."""
+    inner = next(((name, m) for name, m in module.named_modules() if getattr(m, "wraps_for_parallel", False)),
+                 None)  # fmt: skip
+    if inner is not None:
+        where = f"its submodule {inner[0]!r}" if inner[0] else "the module"
+        raise ValueError(f"{who}: {where} is already a {type(inner[1]).__name__}; wrap the plain model once")
+
+
 def check_same_model(model: nn.Module | Iterable[Tensor], who: str,
                      device: torch.device | None = None) -> None:
     """Raise ``ValueError`` on every rank unless all ranks hold the same parameter (and buffer) names, shapes

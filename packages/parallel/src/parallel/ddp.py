@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from parallel.consistency import check_same_model
+from parallel.consistency import check_not_wrapped, check_same_model
 from parallel.grad_norm import clip_replicated_
 from parallel.grad_presence import GradPresence
 
@@ -98,11 +98,14 @@ def _remove_all(handles: list) -> None:
 class _DataParallel(nn.Module, abc.ABC):
     """Construction, forward and ``no_sync`` shared by the four strategies."""
 
+    wraps_for_parallel = True  # check_not_wrapped refuses to wrap it again
+
     def __init__(self, module: nn.Module):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         _require_process_group(type(self).__name__)
+        check_not_wrapped(module, type(self).__name__)
         if dist.get_backend() == "nccl":
             off_gpu = [name for name, p in module.named_parameters() if p.device.type != "cuda"]
             if off_gpu:

@@ -104,7 +104,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from parallel.consistency import check_same_model
+from parallel.consistency import check_not_wrapped, check_same_model
 from parallel.fsdp_schedule import RESHARD_CHOICES, GatherSchedule, ScheduleOptions, Streams
 from parallel.fsdp_state import FullState
 from parallel.fsdp_units import Layout, Piece, Placement, build_layout
@@ -130,6 +130,8 @@ class FSDP(nn.Module):
     check that they issue the same collectives.
     """
 
+    wraps_for_parallel = True  # check_not_wrapped refuses to wrap it again
+
     def __init__(
         self,
         module: nn.Module,
@@ -148,6 +150,7 @@ class FSDP(nn.Module):
             raise RuntimeError("FSDP needs an initialized default process group (init_process_group)")
         unit_modules = _checked_arguments(module, unit_modules, compute_dtype, reduce_dtype, prefetch,
                                           reshard_after_forward, check_lockstep)
+        check_not_wrapped(module, "FSDP")
         self.module = module
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = _device_of(device)

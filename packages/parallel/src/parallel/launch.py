@@ -286,6 +286,10 @@ def spawn(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     _check_limits(timeout, stall_timeout)
     backend = backend or default_backend()
+    known = [name for name in dist.Backend.backend_list if name != "undefined"]
+    if backend not in known:
+        raise ValueError(f"backend must be one of {', '.join(known)} (or None: nccl with GPUs, else gloo), "
+                         f"got {backend!r}")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         found = torch.cuda.device_count()
         raise ValueError(f"NCCL with world_size={world_size} needs that many GPUs, found {found}")
