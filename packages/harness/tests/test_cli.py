@@ -1,3 +1,4 @@
+import argparse
 import subprocess
 import sys
 import time
@@ -82,8 +83,20 @@ def test_help_shows_description_and_defaults(capsys):
 def test_resolve_device():
     import torch
 
-    assert cli.resolve_device("cpu") == "cpu" and cli.resolve_device("cuda:1") == "cuda:1"
+    assert cli.resolve_device("cpu") == "cpu"
     assert cli.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    visible = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=f"--device cuda:{visible}: {visible} CUDA GPU"):
+        cli.resolve_device(f"cuda:{visible}")
+
+
+def test_device_names_are_checked_when_parsed(capsys):
+    parser = argparse.ArgumentParser()
+    cli.add_device(parser)
+    assert parser.parse_args(["--device", "cuda:1"]).device == "cuda:1"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--device", "tpu"])
+    assert "expected auto, cpu, cuda or cuda:N, got 'tpu'" in capsys.readouterr().err
 
 
 def test_cli_module_imports_nothing_heavy():

@@ -62,6 +62,17 @@ def test_cli_sweeps_repeated_values_and_refuses_commas(capsys, tmp_path):
     assert "checkpoint strategy must be one of" in capsys.readouterr().err
 
 
+def test_experiments_refuse_budgets_and_devices_that_cannot_work(capsys):
+    from profiling import experiments
+
+    for argv, message in ((["--budget-s", "-1"], "--budget-s: expected a positive finite number, got '-1'"),
+                          (["--reserve-s", "nan"], "--reserve-s: expected a finite number >= 0, got 'nan'"),
+                          (["--device", "tpu"], "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'")):
+        with pytest.raises(SystemExit):
+            experiments.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
 def test_simulated_oom_is_reported_not_raised(tiny, monkeypatch):
     def boom(self):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -15,6 +15,7 @@ Imports nothing heavy (no torch, no pandas), so a command that parses its argume
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ def _checked(cast: Callable[[str], Any], test: Callable[[Any], bool], expected: 
 positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
 non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = _checked(float, lambda v: v > 0 and v != float("inf"), "a positive finite number")
+non_negative_float = _checked(float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
 
 
 def parsed_by(parse: Callable[[str], Any]) -> Callable[[str], str]:
@@ -114,18 +116,29 @@ def add_dtypes(
     return add_list(parser, "--dtypes", str, default, help, choices=choices)
 
 
+device_name = _checked(str, lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
+                       "auto, cpu, cuda or cuda:N")
+
+
 def add_device(parser: argparse.ArgumentParser, default: str = "auto") -> argparse.Action:
-    """``--device``: a torch device name, or ``auto`` (cuda when present; see :func:`resolve_device`)."""
-    return parser.add_argument("--device", default=default, help="torch device; auto: cuda when present")
+    """``--device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when present: :func:`resolve_device`)."""
+    return parser.add_argument("--device", type=device_name, default=default,
+                               help="torch device; auto: cuda when present")  # fmt: skip
 
 
 def resolve_device(name: str) -> str:
-    """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; other names unchanged (imports torch)."""
-    if name != "auto":
-        return name
+    """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; other names unchanged, after checking that
+    a CUDA one names a visible GPU (ValueError otherwise; imports torch)."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        index, visible = int(name.partition(":")[2] or 0), torch.cuda.device_count()
+        if index >= visible:
+            raise ValueError(f"--device {name}: {visible} CUDA GPU(s) visible" + (
+                "" if visible else " (run on a GPU machine, or pass --device cpu)"))  # fmt: skip
+    return name
 
 
 def add_launch(parser: argparse.ArgumentParser, timeout: float) -> None:

@@ -110,10 +110,10 @@ def parse_args(argv: list[str] | None = None) -> ExperimentsConfig:
     p = cli.command_parser("python -m profiling.experiments", __doc__)
     cli.add_out(p, "results", "output folder; also packed as <out>.tar.gz")
     p.add_argument("--pack", help="path of the .tar.gz written after each part (default <out>.tar.gz)")
-    p.add_argument("--budget-s", type=float, default=240, help="start no part after this many seconds")
-    p.add_argument(
-        "--reserve-s", type=float, default=100, help="budget kept for the parts after the main table"
-    )
+    p.add_argument("--budget-s", type=cli.positive_float, default=240,
+                   help="start no part after this many seconds")  # fmt: skip
+    p.add_argument("--reserve-s", type=cli.non_negative_float, default=100,
+                   help="budget kept for the parts after the main table")  # fmt: skip
     for flag, default, size in (("--big-steps", (2, 5), "xl"), ("--huge-steps", (1, 3), "10B")):
         p.add_argument(
             flag,
@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> ExperimentsConfig:
         default=40,
         help="alternating rounds of 10 steps for each overhead measurement",
     )
-    p.add_argument("--device", default="cuda", help="torch device")
+    cli.add_device(p, default="cuda")
     cli.add_list(p, "--only", str, PARTS, "parts to run", choices=PARTS)
     p.add_argument(
         "--dry-run", action="store_true", help="tiny preset, contexts / 16: check the script on a CPU"
