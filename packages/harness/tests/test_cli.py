@@ -119,3 +119,16 @@ def test_launch_arguments_and_backend():
     assert resolve_backend("auto", 1) == ("nccl" if torch.cuda.is_available() else "gloo")
     with pytest.raises(ValueError, match="need 1000 GPUs"):
         resolve_backend("nccl", 1000)
+
+
+def test_output_paths_are_checked_when_parsed(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert cli.writable_folder(str(tmp_path / "new" / "deeper")) == str(tmp_path / "new" / "deeper")
+    assert cli.writable_file(str(tmp_path / "table.md")) == str(tmp_path / "table.md")
+    for check, text, message in ((cli.writable_folder, a_file, "is a file, expected a folder"),
+                                 (cli.writable_file, tmp_path, "is a folder, expected a file"),
+                                 (cli.writable_folder, a_file / "out", f"{a_file} is a file, so it cannot"),
+                                 (cli.writable_file, a_file / "x.md", f"{a_file} is a file, so it cannot")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            check(str(text))

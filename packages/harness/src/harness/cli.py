@@ -15,8 +15,10 @@ Imports nothing heavy (no torch, no pandas), so a command that parses its argume
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
@@ -92,11 +94,39 @@ def add_list(
                                help=help)  # fmt: skip
 
 
+def _writable(text: str, folder: bool) -> str:
+    """``text`` if a folder (``folder``) or file can be written there: the path, if it exists, is of that
+    kind, and the folder it is in (or its nearest existing ancestor) is one this process may write into."""
+    path = Path(text)
+    kind, other = ("folder", "file") if folder else ("file", "folder")
+    if path.exists():
+        if path.is_dir() != folder:
+            raise argparse.ArgumentTypeError(f"{text} is a {other}, expected a {kind}")
+        where = path if folder else path.parent
+    else:
+        where = next(p for p in path.parents if p.exists())
+        if not where.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: {where} is a file, so it cannot be created")
+    if not os.access(where, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write into {where}")
+    return text
+
+
+def writable_folder(text: str) -> str:
+    """An argparse type: a folder that exists or can be created, and written into."""
+    return _writable(text, folder=True)
+
+
+def writable_file(text: str) -> str:
+    """An argparse type: a file that can be written (created or replaced)."""
+    return _writable(text, folder=False)
+
+
 def add_out(
     parser: argparse.ArgumentParser, default: str = "results", help: str = "folder the result files go to"
 ) -> argparse.Action:
-    """``--out``: the folder results are written to (never docs/ unless asked)."""
-    return parser.add_argument("--out", default=default, help=help)
+    """``--out``: the folder results are written to (never docs/ unless asked), checked when parsed."""
+    return parser.add_argument("--out", type=writable_folder, default=default, help=help)
 
 
 def add_steps(parser: argparse.ArgumentParser, steps: int, warmup: int) -> None:
