@@ -124,3 +124,10 @@ def test_fake_tensors_take_the_op():
         o, lse = flash_attention(q, k, k, True, return_lse=True)
     assert o.shape == q.shape and o.dtype == q.dtype
     assert lse.shape == (2, 4, 300) and lse.dtype == torch.float32
+
+
+def test_meta_tensors_get_the_output_shape():
+    """Shape inference on meta tensors (as when a model is built on meta): no autocast there, no kernels."""
+    q, k = torch.empty(2, 4, 33, 16, device="meta"), torch.empty(2, 2, 33, 16, device="meta")
+    o = flash_attention(q, k, k, True)
+    assert o.shape == q.shape and o.device.type == "meta"
