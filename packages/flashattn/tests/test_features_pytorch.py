@@ -176,3 +176,19 @@ def test_device_check_clamps_and_asserts(values):
     clamped = torch.cummax(cu_q.clamp(0, 9), 0).values
     assert clamped.min() >= 0 and clamped.max() <= 9 and bool((clamped.diff() >= 0).all())
     assert torch.equal(_checked_on_device(cu([4, 5]), "cu_seqlens_q", 9, 5), cu([4, 5]))
+
+
+def test_helpers_check_their_inputs_as_the_calls_do():
+    from flashattn.dispatch import choose
+    from flashattn.varlen import packed_attention, positions_in_documents
+
+    with pytest.raises(ValueError, match="cu_seqlens must be an int32 tensor"):
+        positions_in_documents(torch.tensor([0.0, 3.0, 5.0]))
+    with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to 3"):
+        positions_in_documents(torch.tensor([0, 5, 3], dtype=torch.int32))
+    flat = torch.randn(5, 2, 16)
+    with pytest.raises(ValueError, match=r"q must be \(batch, heads, seq, head_dim\) for packed_attention"):
+        packed_attention(cu([3, 2]), 3)(flat, flat, flat, True)
+    whole = torch.ones(1, 2, 4, 16, dtype=torch.int64)
+    with pytest.raises(TypeError, match=r"q has dtype torch\.int64"):
+        choose(whole, whole, whole)

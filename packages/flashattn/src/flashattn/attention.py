@@ -15,8 +15,8 @@ def autocast_inputs(*tensors: Tensor) -> tuple[Tensor, ...]:
     """Inside ``torch.autocast``, floating tensors other than fp64 in the autocast dtype, as SDPA gets them;
     outside, the tensors unchanged."""
     device = tensors[0].device.type
-    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
-        return tensors  # no autocast there (e.g. meta tensors, which the ops' fake kernels shape)
+    if device == "meta" or not torch.is_autocast_enabled(device):  # meta: no autocast, only shapes
+        return tensors
     dtype = torch.get_autocast_dtype(device)
     return tuple(t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t for t in tensors)
 

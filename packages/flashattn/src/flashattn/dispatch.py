@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from flashattn.inputs import Varlen, Window, as_4d, check_window
+from flashattn.inputs import ANY_FLOAT, Varlen, Window, as_4d, check_tensors, check_window
 from flashattn.kernels import KERNELS
 
 ORDER = ("sm90", "portable", "pytorch")
@@ -52,6 +52,7 @@ def choose(
     """Which kernels :func:`flashattn.flash_attention` (``varlen=False``, ``(..., H, S, d)`` inputs) or
     :func:`flashattn.flash_attention_varlen` (``varlen=True``, ``(total, H, d)``) runs for these inputs, and
     why; warns once per reason when a CUDA call falls back to the PyTorch version."""
+    check_tensors(q, k, v, ANY_FLOAT, min_ndim=3 if varlen else 2)  # types, dtypes, devices, head dims
     window = check_window(window)
     packed = Varlen(q, k, q.shape[0], k.shape[0]) if varlen else None  # the reasons read no lengths
     views = (q, k, v) if varlen else (as_4d(q), as_4d(k), as_4d(v))

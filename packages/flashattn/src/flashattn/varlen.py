@@ -35,10 +35,12 @@ def cu_seqlens_from_doc_ids(doc_ids: Tensor) -> tuple[Tensor, int]:
 
 
 def positions_in_documents(cu_seqlens: Tensor) -> Tensor:
-    """int64 ``(total,)``: each token's position inside its document (for rotary embeddings)."""
-    cu = cu_seqlens.long()
+    """int64 ``(total,)``: each token's position inside its document (for rotary embeddings); ``cu_seqlens``
+    is checked as :func:`flash_attention_varlen` checks it."""
+    total = int(cu_seqlens[-1]) if isinstance(cu_seqlens, Tensor) and cu_seqlens.numel() else 0
+    device = cu_seqlens.device if isinstance(cu_seqlens, Tensor) else None
+    cu = check_cu_seqlens(cu_seqlens, "cu_seqlens", total, total, device).long()
     lengths = cu.diff()
-    total = int(cu[-1])
     return torch.arange(total, device=cu.device) - torch.repeat_interleave(
         cu[:-1], lengths, output_size=total
     )
@@ -145,6 +147,11 @@ def packed_attention(cu_seqlens: Tensor, max_seqlen: int, window: Window = None)
         raise ValueError(f"cu_seqlens must be a 1-D int32 tensor (docs + 1,), got {cu_seqlens!r}")
 
     def attend(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.ndim != 4:
+                shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be (batch, heads, seq, head_dim) for packed_attention, got "
+                                 f"{shape}")
         batch, _, seq, _ = q.shape
         packed = [t.transpose(1, 2).reshape(batch * seq, t.shape[1], t.shape[3]) for t in (q, k, v)]
         out = flash_attention_varlen(
