@@ -1,7 +1,8 @@
 """flashattn's public calls as torch.library ops on the CPU: ``torch.compile(fullgraph=True)`` traces a model
 with them in one graph (``aot_eager``) and gets eager's loss and gradients, ``torch.export`` captures them,
 ``torch.func.grad`` differentiates them, autocast casts as for SDPA, ``softmax_scale`` and ``return_lse``
-match float64 attention, and gradients of gradients are refused."""
+match float64 attention, ``torch.func.vmap`` maps them (and their gradients), and gradients of gradients are
+refused."""
 
 import copy
 import math
@@ -100,6 +101,20 @@ def test_torch_func_grad_matches_autograd():
     q_ref = q.clone().requires_grad_()
     attention(q_ref, k, v, True).square().sum().backward()
     torch.testing.assert_close(got, q_ref.grad)
+
+
+def test_torch_func_vmap_of_the_call_and_of_its_gradient_match_a_loop():
+    """vmap over a leading dim (k, v shared or mapped), and vmap(grad): each mapped slice as its own call."""
+    q = torch.randn(3, 2, 4, 9, 16, dtype=torch.float64)  # mapped dim 0, then (B, H, S, d)
+    k, v = torch.randn(2, 2, 9, 16, dtype=torch.float64), torch.randn(3, 2, 2, 9, 16, dtype=torch.float64)
+    got = torch.func.vmap(lambda q, v: flash_attention(q, k, v, True), in_dims=(0, 0))(q, v)
+    want = torch.stack([attention(q[i], k, v[i], True) for i in range(3)])
+    torch.testing.assert_close(got, want)
+    grads = torch.func.vmap(torch.func.grad(lambda q: flash_attention(q, k, k, True).square().sum()))(q)
+    for i in range(3):
+        q_ref = q[i].clone().requires_grad_()
+        attention(q_ref, k, k, True).square().sum().backward()
+        torch.testing.assert_close(grads[i], q_ref.grad)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from flashattn.kernels import KERNELS
 
 DOUBLE_BACKWARD = (
     "flashattn computes first-order gradients only: differentiating its backward (create_graph=True, "
-    "torch.func.hessian, double backward) is not supported"
+    "double backward, torch.func.jacrev of a gradient) is not supported"
 )
 
 
@@ -156,6 +156,23 @@ class _Refuses(torch.autograd.Function):
     def backward(ctx, *grads):
         raise RuntimeError(DOUBLE_BACKWARD)
 
+    @staticmethod
+    def vmap(info, in_dims, op_name, *args):
+        """``torch.func.vmap`` of dense gradients (e.g. ``vmap(grad(f))``): the mapped dim joins the batch of
+        ``do, q, k, v, o, lse``; packed documents have no batch to join."""
+        if op_name != "backward":
+            raise RuntimeError(f"flashattn: torch.func.vmap of {op_name} (packed documents) is not supported")
+        folded = [_fold(t, dim, info.batch_size) for t, dim in zip(args[:6], in_dims[1:7], strict=True)]
+        grads = _Refuses.apply(op_name, *folded, *args[6:])
+        return tuple(g.unflatten(0, (info.batch_size, -1)) for g in grads), (0, 0, 0)
+
+
+def _fold(t: Tensor, dim: int | None, size: int) -> Tensor:
+    """``t`` with its ``torch.func.vmap`` dim ``dim`` (None: not mapped, so repeated ``size`` times) joined
+    with the batch dim after it: ``(size, B, ...)`` as ``(size * B, ...)``."""
+    t = t.expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
+    return t.reshape(-1, *t.shape[2:])
+
 
 def _gradients(op_name: str, direct, args: tuple) -> tuple[Tensor, Tensor, Tensor]:
     """The backward op on ``args``: through :class:`_Refuses` when a graph of the gradients is being built,
@@ -190,6 +207,14 @@ class Attention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _gradients("backward", _backward, (do, q, k, v, o, lse, *ctx.arguments))
         return dq, dk, dv, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, *arguments):
+        """``torch.func.vmap``: the mapped dim joins the batch (``(V, B, H, S, d)`` as ``(V * B, H, S, d)``),
+        since every batch row is an independent attention."""
+        folded = [_fold(t, dim, info.batch_size) for t, dim in zip((q, k, v), in_dims[:3], strict=True)]
+        o, lse = Attention.apply(*folded, *arguments)
+        return (o.unflatten(0, (info.batch_size, -1)), lse.unflatten(0, (info.batch_size, -1))), (0, 0)
 
 
 class _EagerAttention(torch.autograd.Function):
