@@ -166,6 +166,21 @@ def _wrapped_twice(rank, world_size, lm):
     return refused
 
 
+def _wraps_a_meta_model(rank, world_size):
+    refused = []
+    for wrapper in (DDP, BucketedDDP):
+        try:
+            wrapper(torch.nn.Linear(3, 3, device="meta"))
+        except ValueError as error:
+            refused.append(str(error))
+    return refused
+
+
+def test_a_model_on_the_meta_device_is_refused_by_name():
+    refused = spawn(_wraps_a_meta_model, 2, timeout=60)
+    assert all(len(r) == 2 and "parameter 'weight' is on the meta device" in r[0] for r in refused), refused
+
+
 def test_a_model_is_wrapped_once(lm):
     refused = spawn(_wrapped_twice, 2, lm, timeout=60)
     assert refused[0] == refused[1] and len(refused[0]) == 6

@@ -40,8 +40,11 @@ gets no gradient on any rank is fine, as with torch's ``find_unused_parameters=T
 walk): it is not reduced and keeps its ``.grad`` as it was, in every wrapper. Unlike torch, which averages
 zeros in for the ranks without the gradient, a gradient missing on some ranks only is an error.
 
-Limits: one process per device in the default process group (NCCL needs CUDA parameters). Calling backward
-twice outside ``no_sync()`` before ``finish_gradient_synchronization()`` is an error. In ``BucketedDDP`` a
+Limits: one process per device in the default process group (NCCL needs CUDA parameters; parameters on
+the meta device are refused: materialize them before wrapping). In ``BucketedDDP`` and ``DDP``, which reduce
+during backward, calling backward twice outside ``no_sync()`` before ``finish_gradient_synchronization()``
+is an error; ``NaiveDDP`` and ``FlatDDP``, which reduce only in ``finish_gradient_synchronization()``,
+average the accumulated gradients then. In ``BucketedDDP`` a
 shared bucket receives a gradient that autograd put elsewhere (the first after an optimizer's
 ``zero_grad(set_to_none=True)``) by one copy; ``BucketedDDP.zero_grad()`` avoids it (shared buffers zeroed
 in place, lone gradients set to None). The buckets are rebuilt once, after the first
@@ -106,6 +109,10 @@ class _DataParallel(nn.Module, abc.ABC):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         _require_process_group(type(self).__name__)
         check_not_wrapped(module, type(self).__name__)
+        on_meta = next((name for name, p in module.named_parameters() if p.device.type == "meta"), None)
+        if on_meta is not None:
+            raise ValueError(f"module: parameter {on_meta!r} is on the meta device (no data); materialize "
+                             f"the model (to_empty and initialize, or load its weights) before wrapping")
         if dist.get_backend() == "nccl":
             off_gpu = [name for name, p in module.named_parameters() if p.device.type != "cuda"]
             if off_gpu:
