@@ -145,7 +145,21 @@ def multihead_table() -> str:
     return table(cols, rows, [True, True, True, True, False, *([True] * 9)])
 
 
-FP32_SHOWN = (4096, 16384, 65536)
+SWEEP_SHOWN = (4096, 16384, 65536)  # three of the sweeps' ten lengths
+
+
+def _sweep_rows(data: pd.DataFrame, extra) -> list[list]:
+    """One row per (head dim, shown length) of a sweep indexed by (head_dim, seq, pass): ours, naive and
+    their ratio for each pass, then ``extra(the fwd+bwd row)``."""
+    rows = []
+    for d in sorted({k[0] for k in data.index}):
+        for s in SWEEP_SHOWN:
+            row = [d, s]
+            for p in ("fwd", "bwd", "fwd+bwd"):
+                r = data.loc[(d, s, p)]
+                row += [sig3(r["ours ms"]), sig3(r["naive ms"]), sig3(r["naive/ours"])]
+            rows.append(row + extra(data.loc[(d, s, "fwd+bwd")]))
+    return rows
 
 
 @block("flashattn.fp32-sweep")
@@ -154,15 +168,7 @@ def fp32_sweep() -> str:
     a = pd_read(COURSE + "flashattn-sweep-fp32-2026-11-29c.csv")
     b = pd_read(COURSE + "flashattn-sweep-fp32-d128-final-2026-11-29c.csv")
     data = pd.concat([a[a["head_dim"] < 128], b]).set_index(["head_dim", "seq", "pass"])
-    rows = []
-    for d in sorted({k[0] for k in data.index}):
-        for s in FP32_SHOWN:
-            row = [d, s]
-            for p in ("fwd", "bwd", "fwd+bwd"):
-                r = data.loc[(d, s, p)]
-                row += [sig3(r["ours ms"]), sig3(r["naive ms"]), sig3(r["naive/ours"])]
-            row.append(f"{data.loc[(d, s, 'fwd+bwd')]['ours TFLOP/s']:.1f}")
-            rows.append(row)
+    rows = _sweep_rows(data, lambda total: [f"{total['ours TFLOP/s']:.1f}"])
     cols = [
         "d",
         "seq",
@@ -285,25 +291,13 @@ def h100_today() -> str:
 
 
 SWEEP_BF16 = COURSE + "flashattn-sweep.csv"
-BF16_SHOWN = (4096, 16384, 65536)
-
-
 @block("flashattn.sweep-bf16")
 def sweep_bf16() -> str:
     """The bf16 single-head sweep (batch 1, causal, 2026-11-29): ours against naive PyTorch and SDPA's flash
     and cuDNN backends, three of the ten lengths."""
     d = pd.read_csv(ROOT / SWEEP_BF16).set_index(["head_dim", "seq", "pass"])
-    rows = []
-    for dim in sorted({k[0] for k in d.index}):
-        for s in BF16_SHOWN:
-            row = [dim, s]
-            for p in ("fwd", "bwd", "fwd+bwd"):
-                r = d.loc[(dim, s, p)]
-                row += [sig3(r["ours ms"]), sig3(r["naive ms"]), sig3(r["naive/ours"])]
-            total = d.loc[(dim, s, "fwd+bwd")]
-            row += [f"{total['sdpa_flash/ours']:.2f}", f"{total['sdpa_cudnn/ours']:.2f}",
-                    f"{total['ours TFLOP/s']:.1f}"]  # fmt: skip
-            rows.append(row)
+    rows = _sweep_rows(d, lambda total: [f"{total['sdpa_flash/ours']:.2f}", f"{total['sdpa_cudnn/ours']:.2f}",
+                                         f"{total['ours TFLOP/s']:.1f}"])  # fmt: skip
     cols = ["d", "seq", "ours fwd ms", "naive fwd ms", "naive / ours", "ours bwd ms", "naive bwd ms",
             "naive / ours", "ours fwd+bwd ms", "naive fwd+bwd ms", "naive / ours", "flash / ours, fwd+bwd",
             "cuDNN / ours, fwd+bwd", "ours fwd+bwd TFLOP/s"]  # fmt: skip
